@@ -1,0 +1,287 @@
+"""The layout IR: how each rank's local tensors are made of canonical boxes.
+
+Frames:
+
+* **canonical** — a HuggingFace checkpoint tensor, by name, in its full shape
+  (``model.layers.3.self_attn.q_proj.weight``, ``[4096, 4096]``).
+* **local** — one tensor a runtime rank really holds (``...qkv_proj.weight`` on
+  vLLM TP rank 1), in its local shape.
+
+A :class:`Piece` says that ``canonical_box`` of the canonical tensor is stored in
+``local_box`` of the local tensor, element for element in row-major order (the
+canonical box read with its dims reversed when ``transpose``). Local elements no
+piece covers are padding (e.g. padded vocabulary rows) and map to nothing.
+
+Everything here is immutable, hashable and JSON-serialisable; no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from weightbridge.layout.box import Box, box_numel, format_box
+
+Side = str  # "trainer" | "rollout"
+
+# Element sizes in bytes of the dtypes a spec may name (torch spelling).
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+DTYPE_ALIASES: dict[str, str] = {
+    "fp64": "float64",
+    "double": "float64",
+    "fp32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp8": "float8_e4m3fn",
+    "long": "int64",
+    "int": "int32",
+    # safetensors header spellings
+    "F64": "float64",
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def normalize_dtype(name: str) -> str | None:
+    """Canonical torch spelling of a dtype name (``bf16`` -> ``bfloat16``), or None if unknown."""
+    name = name.removeprefix("torch.")
+    if name in DTYPE_BYTES:
+        return name
+    return DTYPE_ALIASES.get(name)
+
+
+def dtype_bytes(name: str) -> int:
+    return DTYPE_BYTES[name]
+
+
+class CanonicalTensor(NamedTuple):
+    """One HF checkpoint tensor: the unit of the canonical coordinate system."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class CanonicalModel:
+    """All canonical tensors of a model, sorted by name, plus normalised config params.
+
+    ``params`` holds the integers and booleans rules may refer to (``num_layers``,
+    ``num_kv_heads``, ``num_experts``, ``tie_word_embeddings``, ...).
+    """
+
+    tensors: tuple[CanonicalTensor, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    source: str = ""
+    _by_name: dict[str, CanonicalTensor] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
+
+    def __getitem__(self, name: str) -> CanonicalTensor:
+        return self._by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self) -> Iterator[CanonicalTensor]:
+        return iter(self.tensors)
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def total_bytes(self) -> int:
+        return sum(_numel(t.shape) * dtype_bytes(t.dtype) for t in self.tensors)
+
+
+def _numel(shape: Iterable[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class Piece(NamedTuple):
+    """``canonical_box`` of tensor ``canonical`` is stored in ``local_box`` of the owning local tensor."""
+
+    canonical: str
+    canonical_box: Box  # frame: the canonical tensor, full shape
+    local_box: Box  # frame: the local tensor
+    transpose: bool = False  # local holds the canonical box with dims reversed
+
+    @property
+    def numel(self) -> int:
+        return box_numel(self.local_box)
+
+    def __str__(self) -> str:
+        t = ".T" if self.transpose else ""
+        return f"{format_box(self.local_box)} <- {self.canonical}{format_box(self.canonical_box)}{t}"
+
+
+class LocalTensor(NamedTuple):
+    """One tensor a rank holds, and the canonical pieces it is made of."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    pieces: tuple[Piece, ...]
+
+    @property
+    def numel(self) -> int:
+        return _numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """What one rank of one side holds. ``instance`` groups rollout ranks into engines.
+
+    ``rank`` is the rank within its side (trainer ranks ``0..S-1``; rollout ranks
+    ``0..R-1`` numbered instance-major), ``local_rank`` the rank within its instance.
+    """
+
+    side: Side
+    rank: int
+    tensors: tuple[LocalTensor, ...]
+    instance: int = 0
+    local_rank: int = 0
+    coords: tuple[tuple[str, int], ...] = ()  # mesh coordinates, for humans
+
+    def tensor(self, name: str) -> LocalTensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def pieces(self) -> Iterator[tuple[LocalTensor, Piece]]:
+        for t in self.tensors:
+            for p in t.pieces:
+                yield t, p
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "side": self.side,
+            "rank": self.rank,
+            "instance": self.instance,
+            "local_rank": self.local_rank,
+            "coords": dict(self.coords),
+            "tensors": [tensor_to_json(t) for t in self.tensors],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RankLayout:
+        return cls(
+            side=obj["side"],
+            rank=int(obj["rank"]),
+            instance=int(obj.get("instance", 0)),
+            local_rank=int(obj.get("local_rank", 0)),
+            coords=tuple(sorted((k, int(v)) for k, v in obj.get("coords", {}).items())),
+            tensors=tuple(tensor_from_json(t) for t in obj["tensors"]),
+        )
+
+    def digest(self) -> str:
+        return layout_hash([self])
+
+    def __str__(self) -> str:
+        lines = [f"{self.side} rank {self.rank} (instance {self.instance}, local rank {self.local_rank})"]
+        for t in self.tensors:
+            lines.append(f"  {t.name} {list(t.shape)} {t.dtype}")
+            lines.extend(f"    {p}" for p in t.pieces)
+        return "\n".join(lines)
+
+
+def tensor_to_json(t: LocalTensor) -> dict[str, Any]:
+    """The documented JSON form of a local tensor (``weightbridge explain --json``)."""
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "pieces": [
+            {
+                "canonical": p.canonical,
+                "canonical_box": [list(iv) for iv in p.canonical_box],
+                "local_box": [list(iv) for iv in p.local_box],
+                "transpose": p.transpose,
+            }
+            for p in t.pieces
+        ],
+    }
+
+
+def tensor_from_json(obj: dict[str, Any]) -> LocalTensor:
+    return LocalTensor(
+        name=obj["name"],
+        shape=tuple(int(x) for x in obj["shape"]),
+        dtype=obj["dtype"],
+        pieces=tuple(
+            Piece(
+                canonical=p["canonical"],
+                canonical_box=tuple((int(a), int(b)) for a, b in p["canonical_box"]),
+                local_box=tuple((int(a), int(b)) for a, b in p["local_box"]),
+                transpose=bool(p.get("transpose", False)),
+            )
+            for p in obj["pieces"]
+        ),
+    )
+
+
+def layout_hash(layouts: Iterable[RankLayout]) -> str:
+    """Stable sha256 (hex, 16 chars) of a list of rank layouts; identical across processes."""
+    h = hashlib.sha256()
+    for lay in layouts:
+        h.update(json.dumps(lay.to_json(), sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class SideLayout:
+    """Every rank of one side. Rollout ranks are grouped into ``num_instances`` engines."""
+
+    side: Side
+    ranks: tuple[RankLayout, ...]
+    num_instances: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def instance_ranks(self, instance: int) -> tuple[RankLayout, ...]:
+        return tuple(r for r in self.ranks if r.instance == instance)
+
+    def digest(self) -> str:
+        return layout_hash(self.ranks)
