@@ -1,0 +1,5 @@
+import sys
+
+from weightbridge.cli.main import main
+
+sys.exit(main())
