@@ -1,0 +1,77 @@
+"""``weightbridge explain SPEC --side S --rank R [--tensor NAME] [--json]``.
+
+Shows how each local tensor of one rank is composed of canonical boxes.
+
+JSON form (stable; boxes are lists of ``[start, stop]``)::
+
+    {"side": "rollout", "rank": 1, "instance": 0, "local_rank": 1, "coords": {"tp": 1, ...},
+     "tensors": [{"name", "shape", "dtype",
+                  "pieces": [{"canonical", "canonical_box", "local_box", "transpose"}]}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from fnmatch import fnmatchcase
+
+from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, load_or_report, print_json
+from weightbridge.layout.box import format_box
+from weightbridge.layout.ir import LocalTensor, tensor_to_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explain", help="show how one rank's local tensors are made of canonical boxes")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--side", choices=("trainer", "rollout"), required=True)
+    p.add_argument("--rank", type=int, required=True, help="rank within the side (rollout ranks count across instances)")
+    p.add_argument("--tensor", default=None, help="only local tensors whose name, or a canonical source name, matches (glob)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _selected(t: LocalTensor, pattern: str | None) -> bool:
+    if pattern is None:
+        return True
+    return fnmatchcase(t.name, pattern) or any(fnmatchcase(p.canonical, pattern) for p in t.pieces)
+
+
+def run(args: argparse.Namespace) -> int:
+    resolved = load_or_report(args.spec)
+    if resolved is None:
+        return EXIT_USAGE
+    side = resolved.side(args.side)
+    if not 0 <= args.rank < side.world_size:
+        print(f"{args.spec}: --rank {args.rank} out of range: the {args.side} has ranks 0..{side.world_size - 1}", file=sys.stderr)
+        return EXIT_USAGE
+    rank = side.ranks[args.rank]
+    tensors = [t for t in rank.tensors if _selected(t, args.tensor)]
+    if args.tensor is not None and not tensors:
+        print(f"no local tensor of {args.side} rank {args.rank} matches {args.tensor!r}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print_json(
+            {
+                "side": rank.side,
+                "rank": rank.rank,
+                "instance": rank.instance,
+                "local_rank": rank.local_rank,
+                "coords": dict(rank.coords),
+                "tensors": [tensor_to_json(t) for t in tensors],
+            }
+        )
+        return EXIT_OK
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(soft_wrap=True, highlight=False)
+    coords = " ".join(f"{k}={v}" for k, v in rank.coords)
+    console.print(f"[bold]{args.side} rank {rank.rank}[/] (instance {rank.instance}, local rank {rank.local_rank}; {coords})")
+    for t in tensors:
+        console.print(f"[cyan]{escape(t.name)}[/] {list(t.shape)} {t.dtype}")
+        if not t.pieces:
+            console.print("    (padding only)")
+        for p in t.pieces:
+            tr = ".T" if p.transpose else ""
+            console.print(f"    {format_box(p.local_box):<24} <- {escape(p.canonical)}{format_box(p.canonical_box)}{tr}")
+    return EXIT_OK

@@ -1,0 +1,121 @@
+"""The rule vocabulary: how one local tensor is composed of canonical tensors.
+
+A rule names a local tensor (a template) and one *body*:
+
+* ``canonical`` (+ ``pad``, ``shard``, ``transpose``): one canonical tensor, padded
+  then sharded step by step. Each shard step chunks the current extent of a dim
+  over a mesh axis (``torch.chunk`` semantics); steps apply in order, so
+  ``[{dim: 0, axis: tp}, {dim: 0, axis: dp, uneven: true}]`` is FSDP2-on-TP
+  (DTensor ``_StridedShard(0)`` on dp, ``Shard(0)`` on tp).
+* ``concat``: parts (each with its own pad/shard) concatenated along ``dim``
+  (vLLM ``qkv_proj``/``gate_up_proj``, Megatron ``linear_fc1`` = [gate; up]).
+* ``interleave``: each part viewed as ``groups`` blocks along ``dim``; the rank
+  holds its groups (sharded over ``axis``), each laid out as [part0 block, part1
+  block, ...] (Megatron GQA ``linear_qkv``: per query group [q..., k, v]).
+
+``stack`` adds a leading dim over experts (vLLM/SGLang fused ``w13``/``w2``). The
+resulting IR is documented in ``weightbridge.layout.ir``. Pure; no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+IntExpr = int | str  # an integer or an expression over params and mesh sizes (weightbridge.layout.expr)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ShardOp(_Strict):
+    """Chunk the current extent of tensor dim ``dim`` over mesh axis ``axis``."""
+
+    dim: int = Field(ge=0, description="Tensor dim to shard (0 = rows).")
+    axis: str = Field(description="Mesh axis name (tp, dp, ep, etp, ...).")
+    blocks: IntExpr | None = Field(
+        default=None,
+        description="Split the extent into this many equal blocks (e.g. num_kv_heads) and deal blocks to ranks; "
+        "with fewer blocks than ranks, each block is replicated on size/blocks consecutive ranks.",
+    )
+    uneven: bool = Field(default=False, description="Allow torch.chunk-style uneven chunks (FSDP2); else sizes must divide.")
+
+
+class PadOp(_Strict):
+    """Pad dim ``dim`` up to a multiple; padded elements map to nothing (vocab padding)."""
+
+    dim: int = Field(ge=0)
+    multiple: IntExpr
+
+
+class Part(_Strict):
+    """One canonical tensor as it enters a local tensor."""
+
+    canonical: str = Field(description="Canonical (HF checkpoint) name template, e.g. model.layers.{layer}.mlp.up_proj.weight")
+    pad: PadOp | None = None
+    shard: list[ShardOp] = Field(default_factory=list)
+    transpose: bool = Field(default=False, description="The local tensor stores this part transposed (2-D).")
+
+
+class Concat(_Strict):
+    dim: int = Field(ge=0)
+    parts: list[Part] = Field(min_length=1)
+
+
+class Interleave(_Strict):
+    dim: int = Field(ge=0)
+    groups: IntExpr = Field(description="Number of groups each part splits into along dim (e.g. num_kv_heads).")
+    axis: str | None = Field(default=None, description="Mesh axis the groups are dealt over (e.g. tp).")
+    parts: list[Part] = Field(min_length=1)
+
+
+class Stack(_Strict):
+    """Leading local dim over experts: local index i holds expert ``first + i``."""
+
+    count: IntExpr = Field(description="Number of experts (e.g. num_experts).")
+    axis: str | None = Field(default=None, description="Mesh axis experts are dealt over (e.g. ep).")
+
+
+class Rule(_Strict):
+    """One local tensor (template) and how it is made of canonical tensors."""
+
+    local: str = Field(description="Local tensor name template; may use {layer} {local_layer} {expert} {local_expert} {*}.")
+    # --- body: exactly one of canonical / concat / interleave
+    canonical: str | None = None
+    pad: PadOp | None = None
+    shard: list[ShardOp] = Field(default_factory=list)
+    transpose: bool = False
+    concat: Concat | None = None
+    interleave: Interleave | None = None
+    stack: Stack | None = None
+    # --- applicability
+    when: str | bool | None = Field(default=None, description="Expression over params and mesh sizes, e.g. 'tie_word_embeddings and pp > 1'.")
+    requires: list[str] = Field(default_factory=list, description="Canonical templates that must exist for a binding to apply.")
+    unless: list[str] = Field(default_factory=list, description="Canonical templates whose existence disables a binding.")
+    stage: Literal["first", "last", "all"] | None = Field(default=None, description="Pipeline stage(s) holding a non-layer tensor.")
+    expert_axis: str = Field(default="ep", description="Mesh axis owning {expert} when the rule does not stack experts.")
+    dtype: str | None = Field(default=None, description="Local dtype; 'canonical' keeps the canonical tensor's dtype.")
+
+    @model_validator(mode="after")
+    def _one_body(self) -> Rule:
+        bodies = [b for b in ("canonical", "concat", "interleave") if getattr(self, b) is not None]
+        if len(bodies) != 1:
+            raise ValueError(f"a rule needs exactly one of canonical / concat / interleave, got {bodies or 'none'}")
+        if self.canonical is None and (self.pad or self.shard or self.transpose):
+            raise ValueError("pad / shard / transpose at rule level go with 'canonical'; put them on each part")
+        return self
+
+    def parts(self) -> list[Part]:
+        """The canonical parts in layout order."""
+        if self.canonical is not None:
+            return [Part(canonical=self.canonical, pad=self.pad, shard=self.shard, transpose=self.transpose)]
+        if self.concat is not None:
+            return list(self.concat.parts)
+        assert self.interleave is not None
+        return list(self.interleave.parts)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.canonical == "{*}"

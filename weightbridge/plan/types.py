@@ -1,0 +1,268 @@
+"""The transfer plan as frozen, printable, hashable data.
+
+Shape of a plan::
+
+    TransferPlan
+      rounds: (Round, ...)                    # executed in order, double-buffered
+        Round.buckets: (Bucket, ...)          # sorted by (src_side, sender, receiver)
+          Bucket: sender -> receiver, one contiguous wire buffer
+            items: (WireItem, ...)            # packed back to back, in this order
+      local_copies: (LocalCopy, ...)          # receiver-local duplicates, after the last round
+
+**Wire format of a bucket.** One flat byte buffer per ``(round, sender, receiver)``:
+the items of ``Bucket.items`` concatenated in tuple order, each item being the
+elements of its ``canonical_box`` in **canonical row-major order**, at the item's
+``dtype`` (``nbytes = numel(canonical_box) * itemsize(dtype)``, no padding or
+alignment). The sender reads ``src_box`` of its local tensor ``src_tensor`` (dims
+reversed first when ``src_transpose``), casts to ``dtype`` and copies it in; the
+receiver does the inverse into ``dst_box`` of ``dst_tensor``.
+
+**Dtype on the wire** is the receiver's local dtype: a cast, when needed, happens
+at the sender (fp32 master -> bf16 rollout sends bf16 bytes).
+
+:class:`WireItem` has no ranks: one item object is shared by every bucket that
+moves the same data (rollout instances with the same layout), which keeps a
+DeepSeek-V3 plan small. :meth:`TransferPlan.items` yields the flat
+:class:`TransferItem` view, one per (bucket, item), with sender and receiver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from weightbridge.layout.box import Box, format_box
+
+TRAINER = "trainer"
+ROLLOUT = "rollout"
+
+
+class WireItem(NamedTuple):
+    """One box on the wire; both local boxes hold exactly the elements of ``canonical_box``."""
+
+    canonical: str  # canonical (HF) tensor name
+    canonical_box: Box  # frame: canonical tensor; wire order is row-major over this box
+    src_tensor: str  # sender's local tensor name
+    src_box: Box  # frame: sender's local tensor
+    src_transpose: bool  # src_box holds canonical_box with dims reversed
+    dst_tensor: str  # receiver's local tensor name
+    dst_box: Box  # frame: receiver's local tensor
+    dst_transpose: bool  # dst_box holds canonical_box with dims reversed
+    dtype: str  # element type on the wire (the receiver's local dtype)
+    nbytes: int  # numel(canonical_box) * itemsize(dtype)
+
+    def __str__(self) -> str:
+        st = ".T" if self.src_transpose else ""
+        dt = ".T" if self.dst_transpose else ""
+        return (
+            f"{self.canonical}{format_box(self.canonical_box)} {self.dtype} {self.nbytes}B: "
+            f"{self.src_tensor}{format_box(self.src_box)}{st} -> {self.dst_tensor}{format_box(self.dst_box)}{dt}"
+        )
+
+
+class Bucket(NamedTuple):
+    """Everything ``sender`` sends ``receiver`` in one round: one contiguous wire buffer."""
+
+    src_side: str  # "trainer" (update) or "rollout" (receiver de-replication exchange)
+    sender: int  # rank within src_side
+    receiver: int  # rollout rank
+    items: tuple[WireItem, ...]  # packed in this order
+    nbytes: int  # sum of item bytes = wire buffer size
+
+
+class Round(NamedTuple):
+    index: int
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+
+class TransferItem(NamedTuple):
+    """Flat view of one item with its round and ranks (what :meth:`TransferPlan.items` yields)."""
+
+    round: int
+    src_side: str
+    sender: int
+    receiver: int
+    canonical: str
+    canonical_box: Box
+    src_tensor: str
+    src_box: Box
+    src_transpose: bool
+    dst_tensor: str
+    dst_box: Box
+    dst_transpose: bool
+    dtype: str
+    nbytes: int
+
+
+class LocalCopy(NamedTuple):
+    """After the last round, rollout rank ``rank`` copies one of its regions into another.
+
+    Used when one receiver holds the same canonical elements twice (e.g. two local
+    tensors built from one canonical tensor): they cross the wire once.
+    """
+
+    rank: int
+    canonical: str
+    canonical_box: Box  # frame: canonical tensor
+    src_tensor: str
+    src_box: Box  # frame: src_tensor (already received)
+    src_transpose: bool
+    dst_tensor: str
+    dst_box: Box  # frame: dst_tensor
+    dst_transpose: bool
+
+
+class PlanProblem(NamedTuple):
+    """One thing wrong with a plan. ``kind`` is a stable short code."""
+
+    kind: str  # uncovered | duplicate | outside | dtype | bounds | unknown | mapping | round-cap | order | bytes
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+@dataclass(frozen=True, eq=False)
+class TransferPlan:
+    """The plan of one weight update. Equality and hash go by :attr:`plan_hash`."""
+
+    rounds: tuple[Round, ...]
+    local_copies: tuple[LocalCopy, ...]
+    round_bytes: int  # per-rank cap on wire bytes (sent + received) in any round
+    num_senders: int  # trainer world size
+    num_receivers: int  # rollout world size
+    receiver_dedup: bool  # whether rollout instances complete shards among themselves
+    min_wire_bytes: int  # sum over receivers of the bytes each needs
+    num_update_rounds: int  # rounds [0, num_update_rounds) are trainer -> rollout; the rest exchange
+    plan_hash: str = ""
+    notes: tuple[str, ...] = ()  # decisions worth printing (e.g. why receiver de-replication is off)
+    planning_seconds: float = field(default=0.0, compare=False)
+
+    # -- views -------------------------------------------------------------
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes sent by trainers (the update itself; exchange bytes are in :attr:`exchange_bytes`)."""
+        return sum(b.nbytes for r in self.rounds for b in r.buckets if b.src_side == TRAINER)
+
+    @property
+    def exchange_bytes(self) -> int:
+        return sum(b.nbytes for r in self.rounds for b in r.buckets if b.src_side == ROLLOUT)
+
+    def buckets(self) -> Iterator[tuple[int, Bucket]]:
+        for r in self.rounds:
+            for b in r.buckets:
+                yield r.index, b
+
+    def items(self) -> Iterator[TransferItem]:
+        """Every item with its round, sender and receiver, in wire order."""
+        for r in self.rounds:
+            for b in r.buckets:
+                head = (r.index, b.src_side, b.sender, b.receiver)
+                for it in b.items:
+                    yield TransferItem(*head, *it)
+
+    def num_items(self) -> int:
+        return sum(len(b.items) for r in self.rounds for b in r.buckets)
+
+    def sender_bytes(self, side: str = TRAINER) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.rounds:
+            for b in r.buckets:
+                if b.src_side == side:
+                    out[b.sender] = out.get(b.sender, 0) + b.nbytes
+        return out
+
+    def receiver_bytes(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.rounds:
+            for b in r.buckets:
+                out[b.receiver] = out.get(b.receiver, 0) + b.nbytes
+        return out
+
+    def for_rank(self, side: str, rank: int) -> list[tuple[int, Bucket]]:
+        """The buckets ``rank`` of ``side`` sends or receives, as ``(round, bucket)`` in order."""
+        out = []
+        for r in self.rounds:
+            for b in r.buckets:
+                if (b.src_side == side and b.sender == rank) or (side == ROLLOUT and b.receiver == rank):
+                    out.append((r.index, b))
+        return out
+
+    # -- identity ----------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransferPlan) and other.plan_hash == self.plan_hash
+
+    def __hash__(self) -> int:
+        return hash(self.plan_hash)
+
+    def __repr__(self) -> str:
+        return (
+            f"TransferPlan(hash={self.plan_hash}, rounds={self.num_rounds}, buckets="
+            f"{sum(len(r.buckets) for r in self.rounds)}, wire_bytes={self.wire_bytes}, "
+            f"min_wire_bytes={self.min_wire_bytes}, receiver_dedup={self.receiver_dedup})"
+        )
+
+    def __str__(self) -> str:
+        return self.describe(max_items=20)
+
+    def describe(self, max_items: int | None = None) -> str:
+        """Human-readable listing: one line per bucket and item (truncated after ``max_items`` items)."""
+        lines = [repr(self)]
+        shown = 0
+        for r in self.rounds:
+            lines.append(f"round {r.index}: {len(r.buckets)} buckets, {r.nbytes} B")
+            for b in r.buckets:
+                lines.append(f"  {b.src_side} {b.sender} -> rollout {b.receiver}: {len(b.items)} items, {b.nbytes} B")
+                for it in b.items:
+                    if max_items is not None and shown >= max_items:
+                        lines.append("  ...")
+                        return "\n".join(lines)
+                    lines.append(f"    {it}")
+                    shown += 1
+        for c in self.local_copies:
+            lines.append(f"local copy on rollout {c.rank}: {c.canonical}{format_box(c.canonical_box)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """Documented JSON form (boxes as ``[[start, stop], ...]``)."""
+
+        def box(b: Box) -> list[list[int]]:
+            return [list(iv) for iv in b]
+
+        return {
+            "plan_hash": self.plan_hash,
+            "round_bytes": self.round_bytes,
+            "receiver_dedup": self.receiver_dedup,
+            "num_update_rounds": self.num_update_rounds,
+            "rounds": [
+                [
+                    {
+                        "src_side": b.src_side,
+                        "sender": b.sender,
+                        "receiver": b.receiver,
+                        "nbytes": b.nbytes,
+                        "items": [
+                            [it.canonical, box(it.canonical_box), it.src_tensor, box(it.src_box), it.src_transpose,
+                             it.dst_tensor, box(it.dst_box), it.dst_transpose, it.dtype, it.nbytes]
+                            for it in b.items
+                        ],
+                    }
+                    for b in r.buckets
+                ]
+                for r in self.rounds
+            ],
+            "local_copies": [list(c) for c in self.local_copies],
+        }
+
+    def to_json_str(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
