@@ -24,8 +24,8 @@ from weightbridge.canonical.safetensors_header import from_safetensors
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor
 
 __all__ = [
-    "CanonicalSourceError",
     "SOURCE_KEYS",
+    "CanonicalSourceError",
     "bundled_config_path",
     "bundled_names",
     "from_hf_config",

@@ -12,9 +12,7 @@ from typing import Any
 from weightbridge.canonical.errors import CanonicalSourceError
 from weightbridge.layout.ir import normalize_dtype
 
-FLOAT_DTYPES: frozenset[str] = frozenset(
-    {"float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"}
-)
+FLOAT_DTYPES: frozenset[str] = frozenset({"float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
 
 
 def resolve_config_path(path: str | Path, key: str = "config") -> Path:

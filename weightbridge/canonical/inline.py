@@ -40,7 +40,9 @@ def _tensor(i: int, item: Any) -> CanonicalTensor:
         raise CanonicalSourceError(_KEY, f"[{i}]: expected a mapping with name, shape, dtype, got {item!r}")
     unknown = sorted(set(item) - {"name", "shape", "dtype"})
     if unknown:
-        raise CanonicalSourceError(_KEY, f"[{i}]: unknown key(s) {', '.join(map(str, unknown))}", "use name, shape, dtype")
+        raise CanonicalSourceError(
+            _KEY, f"[{i}]: unknown key(s) {', '.join(map(str, unknown))}", "use name, shape, dtype"
+        )
     name, shape, raw_dtype = item.get("name"), item.get("shape"), item.get("dtype")
     if not isinstance(name, str) or not name:
         raise CanonicalSourceError(_KEY, f"[{i}].name: expected a non-empty string, got {name!r}")

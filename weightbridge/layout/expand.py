@@ -13,6 +13,7 @@ in the frame of the local tensor being built.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,15 @@ class _CompiledRule:
     rule: Rule
     origin: Origin
     bindings: list[_Binding]
+    by_layer: dict[int | None, list[_Binding]] = field(default_factory=dict)  # each list sorted by expert
+    experts: dict[int | None, list[int]] = field(default_factory=dict)  # parallel to by_layer, for bisect
+
+    def __post_init__(self) -> None:
+        for b in self.bindings:
+            self.by_layer.setdefault(b.layer, []).append(b)
+        for layer, binds in self.by_layer.items():
+            binds.sort(key=lambda b: b.values.get("expert", -1))
+            self.experts[layer] = [b.values.get("expert", -1) for b in binds]
 
 
 def _chunk(lo: int, hi: int, op: ShardOp, size: int, coord: int, blocks: int | None, what: str) -> tuple[int, int]:
@@ -137,6 +147,8 @@ class _Expander:
         self.names: dict[str, Any] = {**PARAM_DEFAULTS, **model.param_dict, **cfg.params, **self.sizes}
         self.names.setdefault("num_layers", self._infer_num_layers())
         self.compiled: list[_CompiledRule] = []
+        self._int_cache: dict[str, int] = {}
+        self._all_layers: list[int | None] = [None, *sorted({l for t in model.tensors if (l := self._layer_of(t.name)) is not None})]
 
     def _infer_num_layers(self) -> int:
         layers = [int(m.group(1)) for t in self.model.tensors if (m := _LAYER.search(t.name))]
@@ -214,45 +226,70 @@ class _Expander:
         return out
 
     # ---- per rank ---------------------------------------------------------------------------
+    def int_expr(self, expr: int | str) -> int:
+        """An integer expression over this side's names (memoised: names are fixed per side)."""
+        if isinstance(expr, int):
+            return expr
+        if expr not in self._int_cache:
+            self._int_cache[expr] = evaluate_int(expr, self.names)
+        return self._int_cache[expr]
+
     def expand_rank(self, coords: Mapping[str, int], stage: int, layers: range) -> tuple[LocalTensor, ...]:
         pp = self.sizes.get("pp", 1)
         out: dict[str, LocalTensor] = {}
+        wanted_layers = [None, *layers] if pp > 1 else list(self._all_layers)
         for cr in self.compiled:
             rule = cr.rule
-            for b in cr.bindings:
-                if b.layer is not None and pp > 1 and b.layer not in layers:
+            try:
+                expert_window = None
+                if rule.stack is None and any("expert" in b.values for b in cr.bindings[:1]):
+                    expert_window = self._expert_range(rule.expert_axis, coords, rule)
+            except _Problem as exc:
+                self.problem(exc.message, exc.hint, cr.origin, exc.axis, exc.field)
+                continue
+            except ExprError as exc:
+                self.problem(str(exc), origin=cr.origin)
+                continue
+            for layer in wanted_layers:
+                binds = cr.by_layer.get(layer)
+                if not binds:
                     continue
-                if b.layer is None and pp > 1 and not self._on_stage(rule, b, stage, pp):
-                    continue
-                values: dict[str, Any] = dict(b.values)
-                if b.layer is not None:
-                    values.setdefault("layer", b.layer)
-                    values["local_layer"] = b.layer - layers.start if pp > 1 else b.layer
-                try:
-                    if rule.stack is None and "expert" in values:
-                        first, stop = self._expert_range(rule.expert_axis, coords, rule)
-                        if not first <= values["expert"] < stop:
-                            continue
-                        values["local_expert"] = values["expert"] - first
-                    name = fill(rule.local, values)
-                    tensor = self._build(rule, b, coords, name)
-                except _Problem as exc:
-                    self.problem(exc.message, exc.hint, cr.origin, exc.axis, exc.field)
-                    continue
-                except (ExprError, TemplateError) as exc:
-                    self.problem(str(exc), origin=cr.origin)
-                    continue
-                if tensor is None:
-                    continue
-                if name in out:
-                    self.problem(
-                        f"local tensor {name!r} is produced by two rules",
-                        "give the rules different local names, or override the preset rule by repeating its local template",
-                        cr.origin,
-                    )
-                    continue
-                out[name] = tensor
+                if expert_window is not None:
+                    experts = cr.experts[layer]
+                    binds = binds[bisect_left(experts, expert_window[0]) : bisect_left(experts, expert_window[1])]
+                for b in binds:
+                    if b.layer is None and pp > 1 and not self._on_stage(rule, b, stage, pp):
+                        continue
+                    name, tensor = self._instantiate(cr, b, coords, layers, pp, expert_window)
+                    if tensor is None:
+                        continue
+                    if name in out:
+                        self.problem(
+                            f"local tensor {name!r} is produced by two rules",
+                            "give the rules different local names, or override the preset rule by repeating its local template",
+                            cr.origin,
+                        )
+                        continue
+                    out[name] = tensor
         return tuple(out[k] for k in sorted(out))
+
+    def _instantiate(
+        self, cr: _CompiledRule, b: _Binding, coords: Mapping[str, int], layers: range, pp: int, expert_window: tuple[int, int] | None
+    ) -> tuple[str, LocalTensor | None]:
+        values: dict[str, Any] = dict(b.values)
+        if b.layer is not None:
+            values.setdefault("layer", b.layer)
+            values["local_layer"] = b.layer - layers.start if pp > 1 else b.layer
+        if expert_window is not None:
+            values["local_expert"] = values["expert"] - expert_window[0]
+        try:
+            name = fill(cr.rule.local, values)
+            return name, self._build(cr.rule, b, coords, name)
+        except _Problem as exc:
+            self.problem(exc.message, exc.hint, cr.origin, exc.axis, exc.field)
+        except (ExprError, TemplateError) as exc:
+            self.problem(str(exc), origin=cr.origin)
+        return "", None
 
     def _on_stage(self, rule: Rule, b: _Binding, stage: int, pp: int) -> bool:
         where = rule.stage
@@ -267,7 +304,7 @@ class _Expander:
         return where == "all" or (where == "first" and stage == 0) or (where == "last" and stage == pp - 1)
 
     def _expert_range(self, axis: str | None, coords: Mapping[str, int], rule: Rule) -> tuple[int, int]:
-        count = evaluate_int(rule.stack.count if rule.stack else "num_experts", self.names)
+        count = self.int_expr(rule.stack.count if rule.stack else "num_experts")
         if axis is None:
             return 0, count
         size = self._axis_size(axis)
@@ -354,14 +391,14 @@ class _Expander:
             d = part.pad.dim
             if d >= len(virt):
                 raise _Problem(f"{cname}: pad dim {d} out of range for shape {cshape}", field=f"{field}.pad".lstrip("."))
-            m = evaluate_int(part.pad.multiple, self.names)
+            m = self.int_expr(part.pad.multiple)
             virt[d] = -(-virt[d] // m) * m
         window = [(0, n) for n in virt]
         for j, op in enumerate(part.shard):
             if op.dim >= len(window):
                 raise _Problem(f"{cname}: shard dim {op.dim} out of range for shape {cshape}", field=f"{field}.shard[{j}]".lstrip("."))
             size = self._axis_size(op.axis)
-            blocks = evaluate_int(op.blocks, self.names) if op.blocks is not None else None
+            blocks = self.int_expr(op.blocks) if op.blocks is not None else None
             lo, hi = window[op.dim]
             window[op.dim] = _chunk(lo, hi, op, size, coords.get(op.axis, 0), blocks, f"{local} <- {cname}")
         block = tuple(hi - lo for lo, hi in window)
@@ -381,7 +418,7 @@ class _Expander:
         spec = rule.interleave
         assert spec is not None
         dim = spec.dim
-        groups = evaluate_int(spec.groups, self.names)
+        groups = self.int_expr(spec.groups)
         rows = []
         other: tuple[int, ...] | None = None
         for k, cname in enumerate(names):

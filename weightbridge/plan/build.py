@@ -1,0 +1,444 @@
+"""``build_plan``: trainer layout x rollout layout -> :class:`TransferPlan`.
+
+The pipeline (each stage a pure function; see ``docs/planner.md``):
+
+1. :func:`index_sources` — per canonical tensor, the disjoint *atoms* (boxes) trainers hold and,
+   per atom, its *holders* (replicas), deduplicated per rank.
+2. :func:`group_instances` — rollout instances with identical layouts share one *template*.
+3. :func:`receiver_needs` — per template slot (local rank), the canonical boxes it needs, each
+   once (receiver-local duplicates become :class:`LocalCopy`).
+4. Per atom, every (template slot, chunk, unit, instance) that needs it forms a byte stream;
+   ``k`` holders split the stream into ``k`` near-equal parts cut at row boundaries (the
+   least-loaded holder first), so replicas share the work within one row.
+5. Packets (one sender, a few items, one or all instances of a template) are packed into
+   rounds under the per-rank cap (:mod:`weightbridge.plan.rounds`).
+6. Optional receiver de-replication (exchange rounds), chosen by the cost model under ``auto``.
+7. Buckets are assembled per (round, sender, receiver) and the plan is hashed.
+
+Everything iterates in sorted, deterministic order; no set or dict order leaks into the plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+from weightbridge.layout.box import Box, box_numel, intersect
+from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout, dtype_bytes
+from weightbridge.plan.geometry import map_to_local, num_rows, rows, split_box, subtract_all
+from weightbridge.plan.network import PRESETS, NetworkModel
+from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, LocalCopy, Round, TransferPlan, WireItem
+
+PLANNER_VERSION = "weightbridge-plan/1"
+
+# A packet must not take more than this fraction of the round cap of any of its ranks,
+# so that packing always has room to balance (large tensors are split to fit).
+UNIT_FRACTION = 4
+
+Holder = tuple[int, LocalTensor, Piece]
+
+
+class Atom(NamedTuple):
+    """A canonical box held identically by ``holders`` (trainer ranks, ascending)."""
+
+    canonical: str
+    box: Box  # frame: canonical tensor
+    holders: tuple[Holder, ...]
+
+
+class Template(NamedTuple):
+    """Rollout instances with identical layouts.
+
+    ``layouts[l]`` is slot ``l`` (local rank order) of the first instance; ``ranks[i][l]`` the
+    rollout rank of slot ``l`` in the template's ``i``-th instance.
+    """
+
+    layouts: tuple[RankLayout, ...]
+    ranks: tuple[tuple[int, ...], ...]
+    instances: tuple[int, ...]
+
+
+class Need(NamedTuple):
+    canonical: str
+    box: Box  # canonical frame; disjoint from every other need of the same slot
+    tensor: LocalTensor
+    piece: Piece
+
+
+# ---------------------------------------------------------------------------
+# 1. sources
+# ---------------------------------------------------------------------------
+
+
+def index_sources(trainer: SideLayout) -> dict[str, list[Atom]]:
+    """Per canonical tensor, disjoint atoms with their holders (one piece per holder rank)."""
+    classes: dict[str, dict[Box, dict[int, tuple[LocalTensor, Piece]]]] = {}
+    for lay in trainer.ranks:
+        rank = lay.rank
+        for t in lay.tensors:
+            for p in t.pieces:
+                by_box = classes.get(p.canonical)
+                if by_box is None:
+                    by_box = classes[p.canonical] = {}
+                holders = by_box.get(p.canonical_box)
+                if holders is None:
+                    holders = by_box[p.canonical_box] = {}
+                if rank not in holders:
+                    holders[rank] = (t, p)
+    out: dict[str, list[Atom]] = {}
+    for name, by_box in classes.items():
+        boxes = sorted(by_box)
+        if len(boxes) == 1 or _pairwise_disjoint(boxes):
+            out[name] = [Atom(name, b, _holders(by_box[b])) for b in boxes]
+        else:
+            out[name] = _refine(name, boxes, by_box)
+    return out
+
+
+def _holders(d: dict[int, tuple[LocalTensor, Piece]]) -> tuple[Holder, ...]:
+    return tuple((r, t, p) for r, (t, p) in sorted(d.items(), key=lambda kv: kv[0]))
+
+
+def _pairwise_disjoint(boxes: Sequence[Box]) -> bool:
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            if intersect(boxes[i], boxes[j]) is not None:
+                return False
+    return True
+
+
+def _refine(name: str, boxes: list[Box], by_box: dict) -> list[Atom]:
+    """Partially overlapping replica classes: cut on every class edge, holders = classes containing the cell."""
+    ndim = len(boxes[0])
+    cuts = [sorted({x for b in boxes for x in b[d]}) for d in range(ndim)]
+    cells: list[Box] = [()]
+    for d in range(ndim):
+        cells = [c + ((lo, hi),) for c in cells for lo, hi in zip(cuts[d], cuts[d][1:])]
+    atoms = []
+    for cell in cells:
+        merged: dict[int, tuple[LocalTensor, Piece]] = {}
+        for b in boxes:
+            if all(a0 <= c0 and c1 <= a1 for (a0, a1), (c0, c1) in zip(b, cell)):
+                for r, tp in by_box[b].items():
+                    merged.setdefault(r, tp)
+        if merged:
+            atoms.append(Atom(name, cell, _holders(merged)))
+    return atoms
+
+
+# ---------------------------------------------------------------------------
+# 2. rollout templates
+# ---------------------------------------------------------------------------
+
+
+def group_instances(rollout: SideLayout) -> list[Template]:
+    by_inst: dict[int, list[RankLayout]] = {}
+    for lay in rollout.ranks:
+        by_inst.setdefault(lay.instance, []).append(lay)
+    groups: list[tuple[tuple[RankLayout, ...], list[int], list[tuple[int, ...]]]] = []
+    for inst in sorted(by_inst):
+        lays = tuple(sorted(by_inst[inst], key=lambda x: (x.local_rank, x.rank)))
+        for rep, insts, ranks in groups:
+            if len(rep) == len(lays) and all(
+                a.local_rank == b.local_rank and a.tensors == b.tensors for a, b in zip(rep, lays)
+            ):
+                insts.append(inst)
+                ranks.append(tuple(x.rank for x in lays))
+                break
+        else:
+            groups.append((lays, [inst], [tuple(x.rank for x in lays)]))
+    return [Template(rep, tuple(ranks), tuple(insts)) for rep, insts, ranks in groups]
+
+
+# ---------------------------------------------------------------------------
+# 3. receiver needs
+# ---------------------------------------------------------------------------
+
+
+def receiver_needs(lay: RankLayout) -> tuple[list[Need], list[tuple]]:
+    """Canonical boxes one rollout rank needs, each element once, plus its local copies.
+
+    Local copies are returned rank-less as ``LocalCopy`` field tuples without the rank.
+    """
+    by_name: dict[str, list[tuple[LocalTensor, Piece]]] = {}
+    for t in lay.tensors:
+        for p in t.pieces:
+            by_name.setdefault(p.canonical, []).append((t, p))
+    needs: list[Need] = []
+    copies: list[tuple] = []
+    for name in sorted(by_name):
+        tps = by_name[name]
+        if len(tps) == 1:
+            t, p = tps[0]
+            needs.append(Need(name, p.canonical_box, t, p))
+            continue
+        seen: list[tuple[Box, LocalTensor, Piece]] = []
+        for t, p in tps:
+            box = p.canonical_box
+            for part in subtract_all(box, [b for b, _, _ in seen]):
+                needs.append(Need(name, part, t, p))
+            for b, t0, p0 in seen:
+                ov = intersect(box, b)
+                if ov is None:
+                    continue
+                for part in subtract_all(ov, [x for x, _, _ in seen[: seen.index((b, t0, p0))]]):
+                    for it in make_items(name, part, t0, p0, t, p, t.dtype, 0):
+                        copies.append((name, it.canonical_box, it.src_tensor, it.src_box, it.src_transpose,
+                                       it.dst_tensor, it.dst_box, it.dst_transpose))
+            seen.append((box, t, p))
+    return needs, copies
+
+
+# ---------------------------------------------------------------------------
+# items
+# ---------------------------------------------------------------------------
+
+
+def make_items(
+    name: str, box: Box, st: LocalTensor, sp: Piece, dt: LocalTensor, dp: Piece, dtype: str, esize: int
+) -> list[WireItem]:
+    """Items moving ``box`` (canonical frame) from piece ``sp`` of ``st`` to piece ``dp`` of ``dt``.
+
+    One item unless ``box`` is not a single box in one of the local frames; then it is cut
+    into parts that are boxes in both.
+    """
+    out: list[WireItem] = []
+
+    def emit(c: Box) -> None:
+        s = map_to_local(c, sp)
+        if len(s) > 1:
+            for cc, _ in s:
+                emit(cc)
+            return
+        d = map_to_local(c, dp)
+        if len(d) > 1:
+            for cc, _ in d:
+                emit(cc)
+            return
+        out.append(WireItem(name, c, st.name, s[0][1], sp.transpose, dt.name, d[0][1], dp.transpose, dtype,
+                            box_numel(c) * esize))
+
+    emit(box)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------
+
+# Packet: (sender, send_load, kind, g, l, i, b, items)
+#   kind 0: template packet, every instance of template g gets ``items`` (b bytes) at slot l from sender
+#   kind 1: one instance i of template g at slot l
+#   kind 2: exchange: rollout slot l of instance i sends ``items`` to the other instances of g
+Packet = tuple
+
+
+class _Builder:
+    def __init__(self, trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel):
+        self.trainer, self.rollout, self.cap, self.net = trainer, rollout, round_bytes, net
+        self.unit_cap = max(1, round_bytes // UNIT_FRACTION)
+        self.sources = index_sources(trainer)
+        self.templates = group_instances(rollout)
+        self.needs: list[list[list[Need]]] = []  # [g][l] -> needs
+        self.copies: list[LocalCopy] = []
+        self.min_wire = 0
+        for g, tpl in enumerate(self.templates):
+            per_slot = []
+            for l, lay in enumerate(tpl.layouts):
+                needs, copies = receiver_needs(lay)
+                per_slot.append(needs)
+                for inst_ranks in tpl.ranks:
+                    self.copies.extend(LocalCopy(inst_ranks[l], *c) for c in copies)
+                self.min_wire += len(tpl.ranks) * sum(box_numel(n.box) * dtype_bytes(n.tensor.dtype) for n in needs)
+            self.needs.append(per_slot)
+        # chunks grouped by atom, in canonical order
+        chunks: dict[tuple[str, int], list[tuple[int, int, Box, LocalTensor, Piece]]] = {}
+        for g, per_slot in enumerate(self.needs):
+            for l, needs in enumerate(per_slot):
+                for n in needs:
+                    atoms = self.sources.get(n.canonical)
+                    if not atoms:
+                        continue
+                    for ai, atom in enumerate(atoms):
+                        c = intersect(n.box, atom.box) if n.box != atom.box else n.box
+                        if c is not None:
+                            chunks.setdefault((n.canonical, ai), []).append((g, l, c, n.tensor, n.piece))
+        self.chunks = [(self.sources[name][ai], chunks[(name, ai)]) for name, ai in sorted(chunks)]
+
+    # -- 4. packets ---------------------------------------------------------
+    def packets(self, dedup: Sequence[bool]) -> list[Packet]:
+        """Trainer -> rollout packets (kinds 0, 1) in canonical order; exchange packets kept in ``self.xpackets``."""
+        out: list[Packet] = []
+        xout: list[Packet] = []
+        load: dict[int, int] = {}
+        cap, unit_cap = self.cap, self.unit_cap
+        templates = self.templates
+        for atom, chunk_list in self.chunks:
+            name, holders = atom.canonical, atom.holders
+            k = len(holders)
+            entries = []  # (box, g, l, i or -1, dt, dp, dtype, es, nbytes per receiver, sender load)
+            for g, l, cbox, dt, dp in chunk_list:
+                ninst = len(templates[g].ranks)
+                dtype = dt.dtype
+                es = dtype_bytes(dtype)
+                dd = dedup[g] and ninst > 1
+                maxn = max(1, unit_cap // (es * (1 if dd else ninst)))
+                for u in split_box(cbox, maxn):
+                    b = box_numel(u) * es
+                    if dd:
+                        nr = num_rows(u)
+                        parts = min(ninst, nr)
+                        for i in range(parts):
+                            lo, hi = nr * i // parts, nr * (i + 1) // parts
+                            ub = rows(u, lo, hi)
+                            bb = box_numel(ub) * es
+                            entries.append((ub, g, l, i, dt, dp, dtype, es, bb, bb))
+                    elif ninst * b <= cap:
+                        entries.append((u, g, l, -1, dt, dp, dtype, es, b, ninst * b))
+                    else:
+                        for i in range(ninst):
+                            entries.append((u, g, l, i, dt, dp, dtype, es, b, b))
+            if k == 1:
+                s, st, sp = holders[0]
+                tot = 0
+                for ub, g, l, i, dt, dp, dtype, es, b, w in entries:
+                    items = tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
+                    out.append((s, w, 0 if i < 0 else 1, g, l, i, b, items))
+                    tot += w
+                load[s] = load.get(s, 0) + tot
+            else:
+                self._split(name, holders, entries, load, out)
+            if any(dedup):
+                for ub, g, l, i, dt, dp, dtype, es, b, w in entries:
+                    if i >= 0 and dedup[g] and len(templates[g].ranks) > 1:
+                        items = tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
+                        xout.append((templates[g].ranks[i][l], (len(templates[g].ranks) - 1) * b, 2, g, l, i, b, items))
+        self.xpackets = xout
+        return out
+
+    def _split(self, name: str, holders: tuple[Holder, ...], entries: list, load: dict[int, int], out: list) -> None:
+        """Split the atom's stream among its holders: near-equal bytes, cuts on row boundaries."""
+        k = len(holders)
+        order = sorted(range(k), key=lambda j: (load.get(holders[j][0], 0), holders[j][0]))
+        total = sum(e[9] for e in entries)
+        cache: dict[tuple, tuple[WireItem, ...]] = {}
+        j = 0
+        target = total // k
+        pos = 0
+        sent = [0] * k
+        for eidx, (ub, g, l, i, dt, dp, dtype, es, b, w) in enumerate(entries):
+            nr = num_rows(ub)
+            rb = w // nr  # sender bytes per row
+            r0 = 0
+            while r0 < nr:
+                if j < k - 1:
+                    cut = (2 * (target - pos) + rb) // (2 * rb)  # nearest row boundary to the target
+                    cut = min(max(cut, r0), nr)
+                else:
+                    cut = nr
+                if cut > r0:
+                    hj = order[j]
+                    s, st, sp = holders[hj]
+                    key = (hj, eidx if i < 0 else (ub, dt.name, dp), r0, cut)
+                    items = cache.get(key)
+                    if items is None:
+                        sub = ub if (r0 == 0 and cut == nr) else rows(ub, r0, cut)
+                        items = cache[key] = tuple(make_items(name, sub, st, sp, dt, dp, dtype, es))
+                    nw = (cut - r0) * rb
+                    out.append((s, nw, 0 if i < 0 else 1, g, l, i, b * (cut - r0) // nr, items))
+                    sent[hj] += nw
+                if cut < nr:
+                    j += 1
+                    target = total * (j + 1) // k
+                r0 = cut
+            pos += w
+        for hj in range(k):
+            if sent[hj]:
+                s = holders[hj][0]
+                load[s] = load.get(s, 0) + sent[hj]
+
+
+def build_plan(
+    trainer: SideLayout,
+    rollout: SideLayout,
+    *,
+    round_bytes: int,
+    network: NetworkModel | None = None,
+    receiver_dedup: Literal["auto", "on", "off"] = "auto",
+) -> TransferPlan:
+    """Plan one weight update from ``trainer`` ranks to ``rollout`` ranks.
+
+    Pure and deterministic: every rank calling this with equal inputs gets a plan with the
+    same :attr:`TransferPlan.plan_hash`. Never raises for an incomplete layout pair: run
+    :func:`weightbridge.plan.validate_plan` to get every problem.
+    """
+    from weightbridge.plan.rounds import assemble, decide_dedup, pack
+
+    t0 = time.perf_counter()
+    if round_bytes <= 0:
+        raise ValueError(f"round_bytes must be positive, got {round_bytes}")
+    if receiver_dedup not in ("auto", "on", "off"):
+        raise ValueError(f"receiver_dedup must be auto, on or off, got {receiver_dedup!r}")
+    net = network or PRESETS["h100"]
+    bld = _Builder(trainer, rollout, round_bytes, net)
+    ntpl = len(bld.templates)
+    notes: list[str] = []
+    off = [False] * ntpl
+    packets = bld.packets(off)
+    dedup = off
+    if receiver_dedup == "on":
+        dedup = [len(t.ranks) > 1 for t in bld.templates]
+    elif receiver_dedup == "auto" and any(len(t.ranks) > 1 for t in bld.templates):
+        use, note = decide_dedup(bld, packets, net)
+        notes.append(note)
+        if use:
+            dedup = [len(t.ranks) > 1 for t in bld.templates]
+    if any(dedup):
+        packets = bld.packets(dedup)
+    else:
+        bld.xpackets = []
+    rounds_of, nupdate = pack(bld, packets, bld.xpackets)
+    rounds = assemble(bld, packets, bld.xpackets, rounds_of)
+    copies = tuple(sorted(bld.copies))
+    header = (PLANNER_VERSION, round_bytes, trainer.world_size, rollout.world_size, any(dedup), bld.min_wire, nupdate)
+    plan = TransferPlan(
+        rounds=rounds,
+        local_copies=copies,
+        round_bytes=round_bytes,
+        num_senders=trainer.world_size,
+        num_receivers=rollout.world_size,
+        receiver_dedup=any(dedup),
+        min_wire_bytes=bld.min_wire,
+        num_update_rounds=nupdate,
+        plan_hash=plan_hash(header, rounds, copies),
+        notes=tuple(notes),
+    )
+    object.__setattr__(plan, "planning_seconds", time.perf_counter() - t0)
+    return plan
+
+
+def plan_hash(header: tuple, rounds: Sequence[Round], copies: Sequence[LocalCopy]) -> str:
+    """sha256 over a canonical text form of the plan (identical across processes and runs).
+
+    Item tuples shared by several buckets are digested once (by object identity, within this
+    call only); the digest itself depends only on values.
+    """
+    h = hashlib.sha256()
+    h.update(repr(header).encode())
+    memo: dict[int, bytes] = {}
+    for r in rounds:
+        h.update(b"|R%d" % r.index)
+        for b in r.buckets:
+            d = memo.get(id(b.items))
+            if d is None:
+                d = memo[id(b.items)] = hashlib.sha256(repr([tuple(it) for it in b.items]).encode()).digest()
+            h.update(f"|{b.src_side}:{b.sender}:{b.receiver}:{b.nbytes}:".encode())
+            h.update(d)
+    h.update(repr([tuple(c) for c in copies]).encode())
+    return h.hexdigest()
+
+
+__all__ = ["build_plan", "plan_hash", "index_sources", "group_instances", "receiver_needs", "make_items",
+           "TRAINER", "ROLLOUT", "Bucket"]

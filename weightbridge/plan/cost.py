@@ -1,0 +1,206 @@
+"""Cost model: predicted time, lower bound, the gather-then-broadcast baseline, GPU stall.
+
+Formulas (documented with their assumptions in ``docs/planner.md``):
+
+* A GPU has one NIC (``nic_bytes_per_s`` each way) and one intra-node link
+  (``intra_node_bytes_per_s`` each way). A transfer between GPUs on the same node uses the
+  intra-node link of both, otherwise both NICs. Colocated: trainer rank i and rollout rank i
+  are GPU i; a transfer within one GPU is priced like intra-node.
+* ``time(round) = max over GPUs, directions, links of bytes / bandwidth
+  + message_latency_s * max over GPUs of buckets sent or received``.
+* ``predicted = sum over rounds of time(round)`` (rounds are double-buffered, so packing of
+  round r+1 hides behind the wire time of round r and is not counted).
+* ``lower_bound = max over GPUs, directions, links of total bytes / bandwidth`` (this plan's
+  bytes, no latency): no schedule of these bytes can be faster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from weightbridge.layout.box import box_numel
+from weightbridge.layout.ir import SideLayout, dtype_bytes
+from weightbridge.plan.network import NetworkModel
+from weightbridge.plan.types import ROLLOUT, TRAINER, TransferPlan
+
+Flow = tuple[str, int, str, int, int]  # (src_side, src_rank, dst_side, dst_rank, bytes)
+
+
+def gpu(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
+    return ("gpu", rank) if net.colocated else (side, rank)
+
+
+def node(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
+    return ("node", rank // net.ranks_per_node) if net.colocated else (side, rank // net.ranks_per_node)
+
+
+class _Links:
+    """Accumulates per-GPU bytes on (NIC out, NIC in, intra out, intra in) and message counts."""
+
+    def __init__(self, net: NetworkModel):
+        self.net = net
+        self.nic_out: dict = {}
+        self.nic_in: dict = {}
+        self.nv_out: dict = {}
+        self.nv_in: dict = {}
+        self.msgs: dict = {}
+
+    def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: int, messages: int = 1) -> None:
+        net = self.net
+        gs, gr = gpu(src_side, s, net), gpu(dst_side, r, net)
+        if node(src_side, s, net) == node(dst_side, r, net):
+            out, inn = self.nv_out, self.nv_in
+        else:
+            out, inn = self.nic_out, self.nic_in
+        out[gs] = out.get(gs, 0) + nbytes
+        inn[gr] = inn.get(gr, 0) + nbytes
+        self.msgs[gs] = self.msgs.get(gs, 0) + messages
+        self.msgs[gr] = self.msgs.get(gr, 0) + messages
+
+    def wire_seconds(self) -> float:
+        net = self.net
+        nic = max([0, *self.nic_out.values(), *self.nic_in.values()]) / net.nic_bytes_per_s
+        nv = max([0, *self.nv_out.values(), *self.nv_in.values()]) / net.intra_node_bytes_per_s
+        return max(nic, nv)
+
+    def latency_seconds(self) -> float:
+        return max([0, *self.msgs.values()]) * self.net.message_latency_s
+
+
+def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
+    """Lower-bound seconds of a set of flows moved at once (no latency)."""
+    links = _Links(net)
+    for f in flows:
+        links.add(*f)
+    return links.wire_seconds()
+
+
+def predicted_seconds(plan: TransferPlan, net: NetworkModel) -> float:
+    total = 0.0
+    for r in plan.rounds:
+        links = _Links(net)
+        for b in r.buckets:
+            links.add(b.src_side, b.sender, ROLLOUT, b.receiver, b.nbytes)
+        total += links.wire_seconds() + links.latency_seconds()
+    return total
+
+
+def lower_bound_seconds(plan: TransferPlan, net: NetworkModel) -> float:
+    links = _Links(net)
+    for r in plan.rounds:
+        for b in r.buckets:
+            links.add(b.src_side, b.sender, ROLLOUT, b.receiver, b.nbytes, 0)
+    return links.wire_seconds()
+
+
+# ---------------------------------------------------------------------------
+# Baseline: gather-then-broadcast (slime, OpenRLHF, verl default)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Baseline:
+    gather_seconds: float
+    broadcast_seconds: float
+    model_bytes: int  # bytes every rollout rank receives (full tensors it needs any part of)
+
+    @property
+    def seconds(self) -> float:
+        return self.gather_seconds + self.broadcast_seconds
+
+
+def _stage_of(lay) -> int:
+    for k, v in lay.coords:
+        if k in ("pp", "pipeline", "stage"):
+            return int(v)
+    return 0
+
+
+def baseline(trainer: SideLayout, rollout: SideLayout, net: NetworkModel) -> Baseline:
+    """Price gather-then-broadcast with the same network model.
+
+    Each PP stage gathers its full tensors on one leader rank (stages in parallel), then the
+    leaders broadcast every tensor to every rollout rank (each rollout rank receives every
+    tensor in full and slices its part). Element size: the rollout's local dtype.
+    """
+    # canonical name -> (numel, element size) of the full tensor, from the rollout side
+    esize: dict[str, int] = {}
+    for lay in rollout.ranks:
+        for t in lay.tensors:
+            for p in t.pieces:
+                esize.setdefault(p.canonical, dtype_bytes(t.dtype))
+    # full canonical extent seen by the trainer (union bounding box of its pieces)
+    extent: dict[str, list[int]] = {}
+    stage_names: dict[int, dict[str, None]] = {}
+    leader: dict[int, int] = {}
+    held: dict[int, dict[str, int]] = {}
+    for lay in trainer.ranks:
+        st = _stage_of(lay)
+        leader.setdefault(st, lay.rank)
+        names = stage_names.setdefault(st, {})
+        for t in lay.tensors:
+            for p in t.pieces:
+                e = extent.get(p.canonical)
+                hi = [b for _, b in p.canonical_box]
+                if e is None:
+                    extent[p.canonical] = hi
+                else:
+                    extent[p.canonical] = [max(x, y) for x, y in zip(e, hi)]
+                names[p.canonical] = None
+                if leader[st] == lay.rank:
+                    h = held.setdefault(st, {})
+                    h[p.canonical] = h.get(p.canonical, 0) + box_numel(p.canonical_box)
+
+    def nbytes(name: str) -> int:
+        n = 1
+        for x in extent[name]:
+            n *= x
+        return n * esize[name]
+
+    model_bytes = sum(nbytes(n) for n in extent if n in esize)
+    gather = 0.0
+    ranks_by_stage: dict[int, list[int]] = {}
+    for lay in trainer.ranks:
+        ranks_by_stage.setdefault(_stage_of(lay), []).append(lay.rank)
+    for st, names in stage_names.items():
+        stage_bytes = sum(nbytes(n) for n in names if n in esize)
+        lead_has = sum(min(v, 1 << 62) * esize[n] for n, v in held.get(st, {}).items() if n in esize)
+        rs = ranks_by_stage[st]
+        one_node = len({node(TRAINER, r, net) for r in rs}) == 1
+        bw = net.intra_node_bytes_per_s if one_node else net.nic_bytes_per_s
+        gather = max(gather, max(0, stage_bytes - lead_has) / bw)
+    one_node_all = net.colocated and len({node(ROLLOUT, r.rank, net) for r in rollout.ranks}) == 1
+    bw = net.intra_node_bytes_per_s if one_node_all else net.nic_bytes_per_s
+    ntensors = sum(1 for n in extent if n in esize)
+    broadcast = model_bytes / bw + ntensors * net.message_latency_s
+    return Baseline(gather, broadcast, model_bytes)
+
+
+# ---------------------------------------------------------------------------
+# Stall
+# ---------------------------------------------------------------------------
+
+
+def stall_seconds(
+    *,
+    mode: str,
+    max_staleness: int,
+    update_seconds: float,
+    trainer_ranks: int,
+    rollout_ranks: int,
+    trainer_async_seconds: float,
+    rollout_async_seconds: float,
+) -> float:
+    """Average seconds a GPU is idle because of one update.
+
+    ``sync`` / ``colocated``: every GPU waits for the whole update. ``async``: the rollout waits
+    only ``rollout_async_seconds`` (final apply/swap); the trainer waits
+    ``trainer_async_seconds`` when ``max_staleness >= 1`` (the update finishes within the
+    staleness bound), else the whole update.
+    """
+    if mode != "async":
+        return update_seconds
+    t = trainer_async_seconds if max_staleness >= 1 else update_seconds
+    n = trainer_ranks + rollout_ranks
+    return (trainer_ranks * t + rollout_ranks * rollout_async_seconds) / max(n, 1)
