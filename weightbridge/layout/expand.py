@@ -313,9 +313,9 @@ class _Expander:
         per = count // size
         return coords[axis] * per, (coords[axis] + 1) * per
 
-    def _axis_size(self, axis: str) -> int:
+    def _axis_size(self, axis: str, field: str = "") -> int:
         if axis not in self.sizes:
-            raise _Problem(f"unknown mesh axis {axis!r}", f"axes of this side: {', '.join(sorted(self.sizes))}")
+            raise _Problem(f"unknown mesh axis {axis!r}", f"axes of this side: {', '.join(sorted(self.sizes))}", field=field)
         return self.sizes[axis]
 
     def _dtype(self, rule: Rule, canonical: str) -> str:
@@ -397,7 +397,7 @@ class _Expander:
         for j, op in enumerate(part.shard):
             if op.dim >= len(window):
                 raise _Problem(f"{cname}: shard dim {op.dim} out of range for shape {cshape}", field=f"{field}.shard[{j}]".lstrip("."))
-            size = self._axis_size(op.axis)
+            size = self._axis_size(op.axis, f"{field}.shard[{j}].axis".lstrip("."))
             blocks = self.int_expr(op.blocks) if op.blocks is not None else None
             lo, hi = window[op.dim]
             window[op.dim] = _chunk(lo, hi, op, size, coords.get(op.axis, 0), blocks, f"{local} <- {cname}")

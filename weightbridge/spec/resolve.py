@@ -32,7 +32,7 @@ from weightbridge.layout.ir import CanonicalModel, SideLayout
 from weightbridge.layout.presets import load_preset, merge_rules
 from weightbridge.layout.templates import skeleton
 from weightbridge.spec.errors import SpecErrors, SpecProblem
-from weightbridge.spec.models import ModelSource, SideSpec, Spec, SyncSpec
+from weightbridge.spec.models import BYTES_PATTERN, ModelSource, SideSpec, Spec, SyncSpec
 from weightbridge.spec.schema import spec_schema
 from weightbridge.spec.yaml_source import YamlSource, YamlSyntaxError, child_path, load_yaml
 
@@ -120,7 +120,7 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
                 if lay is not None:
                     layouts[side] = lay
     if col.problems:
-        return None, col.problems
+        return None, sorted(col.problems, key=lambda p: (p.line or 0, p.path))
     spec = Spec.model_validate(src.data)
     spec_hash = hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
     return ResolvedSpec(file, spec, canonical, layouts["trainer"], layouts["rollout"], spec_hash), []  # type: ignore[arg-type]
@@ -165,8 +165,8 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Colle
         col.add(path, f"expected {want if isinstance(want, str) else ' or '.join(want)}, got {type(err.instance).__name__} {err.instance!r}")
         return
     if v in ("anyOf", "oneOf"):
-        desc = err.schema.get("description", "")
-        if "Bytes" in desc:
+        forms = err.schema.get("anyOf", []) + err.schema.get("oneOf", [])
+        if any(f.get("pattern") == BYTES_PATTERN for f in forms):
             col.add(path, f"{err.instance!r} is not a byte size", "an integer or a size such as '256MiB'")
             return
         best = jsonschema.exceptions.best_match(err.context or [])
@@ -258,9 +258,15 @@ def side_config(side: str, spec_side: SideSpec) -> SideConfig:
 def _side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: _Collector) -> SideLayout | None:
     cfg = side_config(side, spec_side)
     layout, problems = expand_side(cfg, model)
+    by_path: dict[str, list[ExpandProblem]] = {}
     for p in problems:
-        path, message = _locate(side, spec_side, cfg, p)
-        col.add(path, message, p.hint)
+        path, _ = _locate(side, spec_side, cfg, p)
+        by_path.setdefault(path, []).append(p)
+    for path, group in by_path.items():
+        _, message = _locate(side, spec_side, cfg, group[0])
+        if len(group) > 1:
+            message += f" (and {len(group) - 1} more problem(s) here)"
+        col.add(path, message, group[0].hint)
     if problems:
         return None
     seen: set[int] = set()

@@ -1,0 +1,111 @@
+"""``plan_metrics``: the documented ``weightbridge plan --json`` object.
+
+Keys (all always present):
+
+=========================  ==========================================================
+``plan_hash``              sha256 hex of the plan (identical on every rank)
+``num_rounds``             rounds, update and exchange
+``num_update_rounds``      trainer -> rollout rounds
+``num_buckets``            (round, sender, receiver) wire buffers
+``num_items``              items over all buckets
+``wire_bytes``             bytes trainers send
+``exchange_bytes``         bytes rollout ranks forward (receiver de-replication)
+``min_wire_bytes``         sum over receivers of the bytes each needs
+``max_sender_bytes``       over trainer ranks that send
+``mean_sender_bytes``      over trainer ranks that send
+``sender_balance``         max / mean sender bytes
+``max_receiver_bytes``     over rollout ranks (update + exchange)
+``round_bytes``            the per-rank cap
+``max_round_rank_bytes``   largest bytes one rank moves in one round
+``receiver_dedup``         whether receiver de-replication is used
+``predicted_seconds``      cost model, this plan
+``lower_bound_seconds``    max over links of this plan's bytes / bandwidth
+``baseline_seconds``       gather-then-broadcast, same network
+``stall_seconds``          average GPU stall, this plan, in ``sync_mode``
+``baseline_stall_seconds`` average GPU stall, baseline, in ``sync_mode``
+``sync_mode``              sync | async | colocated
+``network``                network preset name
+``planning_seconds``       wall time of ``build_plan``
+``notes``                  planner decisions (list of strings)
+``problems``               ``validate_plan`` output as strings (empty when valid)
+=========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weightbridge.layout.ir import SideLayout
+from weightbridge.plan.cost import baseline, lower_bound_seconds, predicted_seconds, stall_seconds
+from weightbridge.plan.network import NetworkModel
+from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
+
+
+def plan_metrics(
+    plan: TransferPlan,
+    trainer: SideLayout,
+    rollout: SideLayout,
+    *,
+    network: NetworkModel,
+    sync_mode: str = "sync",
+    max_staleness: int = 1,
+    problems: list[PlanProblem] | None = None,
+) -> dict[str, Any]:
+    sender = plan.sender_bytes(TRAINER)
+    receiver = plan.receiver_bytes()
+    for r, v in plan.sender_bytes(ROLLOUT).items():
+        receiver[r] = receiver.get(r, 0) + v
+    senders = [v for v in sender.values() if v > 0]
+    mean_s = sum(senders) / len(senders) if senders else 0.0
+    max_s = max(senders, default=0)
+    round_rank = 0
+    for r in plan.rounds:
+        loads: dict[tuple[str, int], int] = {}
+        for b in r.buckets:
+            k1, k2 = (b.src_side, b.sender), (ROLLOUT, b.receiver)
+            loads[k1] = loads.get(k1, 0) + b.nbytes
+            loads[k2] = loads.get(k2, 0) + b.nbytes
+        round_rank = max(round_rank, max(loads.values(), default=0))
+    pred = predicted_seconds(plan, network)
+    bound = lower_bound_seconds(plan, network)
+    base = baseline(trainer, rollout, network)
+    hbm = network.hbm_bytes_per_s
+    stall = stall_seconds(
+        mode=sync_mode, max_staleness=max_staleness, update_seconds=pred,
+        trainer_ranks=trainer.world_size, rollout_ranks=rollout.world_size,
+        trainer_async_seconds=max_s / hbm,  # snapshot into a staging buffer
+        rollout_async_seconds=max(receiver.values(), default=0) / hbm,  # swap staging -> live
+    )
+    base_stall = stall_seconds(
+        mode=sync_mode, max_staleness=max_staleness, update_seconds=base.seconds,
+        trainer_ranks=trainer.world_size, rollout_ranks=rollout.world_size,
+        trainer_async_seconds=base.seconds,  # the trainer drives gather and broadcast
+        rollout_async_seconds=base.broadcast_seconds,  # engines pause in load_weights
+    )
+    return {
+        "plan_hash": plan.plan_hash,
+        "num_rounds": plan.num_rounds,
+        "num_update_rounds": plan.num_update_rounds,
+        "num_buckets": sum(len(r.buckets) for r in plan.rounds),
+        "num_items": plan.num_items(),
+        "wire_bytes": plan.wire_bytes,
+        "exchange_bytes": plan.exchange_bytes,
+        "min_wire_bytes": plan.min_wire_bytes,
+        "max_sender_bytes": max_s,
+        "mean_sender_bytes": mean_s,
+        "sender_balance": (max_s / mean_s) if mean_s else 1.0,
+        "max_receiver_bytes": max(receiver.values(), default=0),
+        "round_bytes": plan.round_bytes,
+        "max_round_rank_bytes": round_rank,
+        "receiver_dedup": plan.receiver_dedup,
+        "predicted_seconds": pred,
+        "lower_bound_seconds": bound,
+        "baseline_seconds": base.seconds,
+        "stall_seconds": stall,
+        "baseline_stall_seconds": base_stall,
+        "sync_mode": sync_mode,
+        "network": network.name,
+        "planning_seconds": plan.planning_seconds,
+        "notes": list(plan.notes),
+        "problems": [str(p) for p in (problems or [])],
+    }
