@@ -12,11 +12,14 @@ import importlib
 import sys
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-_COMMANDS = ("validate", "explain", "schema", "plan", "models")
+_COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weightbridge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="weightbridge",
+        description="Move updated model weights from RL trainers to rollout engines: exact bytes, once, balanced.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
         try:

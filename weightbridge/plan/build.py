@@ -20,7 +20,9 @@ Everything iterates in sorted, deterministic order; no set or dict order leaks i
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import marshal
 import time
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -98,6 +100,9 @@ def index_sources(trainer: SideLayout) -> dict[str, list[Atom]]:
 
 
 def _holders(d: dict[int, tuple[LocalTensor, Piece]]) -> tuple[Holder, ...]:
+    if len(d) == 1:
+        for r, (t, p) in d.items():
+            return ((r, t, p),)
     return tuple((r, t, p) for r, (t, p) in sorted(d.items(), key=lambda kv: kv[0]))
 
 
@@ -382,6 +387,20 @@ def build_plan(
     if receiver_dedup not in ("auto", "on", "off"):
         raise ValueError(f"receiver_dedup must be auto, on or off, got {receiver_dedup!r}")
     net = network or PRESETS["h100"]
+    # The build allocates ~1e6 small acyclic tuples next to a large live layout; generational
+    # GC passes over that heap cost more than the build itself, so pause GC while building.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(trainer, rollout, round_bytes, net, receiver_dedup, t0)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build(trainer, rollout, round_bytes, net, receiver_dedup, t0) -> TransferPlan:
+    from weightbridge.plan.rounds import assemble, decide_dedup, pack
+
     bld = _Builder(trainer, rollout, round_bytes, net)
     ntpl = len(bld.templates)
     notes: list[str] = []
@@ -420,23 +439,26 @@ def build_plan(
 
 
 def plan_hash(header: tuple, rounds: Sequence[Round], copies: Sequence[LocalCopy]) -> str:
-    """sha256 over a canonical text form of the plan (identical across processes and runs).
+    """sha256 (hex) over a canonical byte form of the plan, identical across processes and runs.
 
-    Item tuples shared by several buckets are digested once (by object identity, within this
-    call only); the digest itself depends only on values.
+    The byte form is ``marshal`` format version 0 of plain tuples of str/int/bool (stable across
+    CPython versions; no interning or reference flags). Per round: every bucket as
+    ``(src_side, sender, receiver, nbytes, k)`` where ``k`` numbers distinct item tuples in
+    first-use order; an item tuple's items are hashed once, at first use.
     """
     h = hashlib.sha256()
-    h.update(repr(header).encode())
-    memo: dict[int, bytes] = {}
+    h.update(marshal.dumps(tuple(header), 0))
+    seen: dict[int, int] = {}
     for r in rounds:
-        h.update(b"|R%d" % r.index)
+        heads = []
         for b in r.buckets:
-            d = memo.get(id(b.items))
-            if d is None:
-                d = memo[id(b.items)] = hashlib.sha256(repr([tuple(it) for it in b.items]).encode()).digest()
-            h.update(f"|{b.src_side}:{b.sender}:{b.receiver}:{b.nbytes}:".encode())
-            h.update(d)
-    h.update(repr([tuple(c) for c in copies]).encode())
+            k = seen.get(id(b.items))
+            if k is None:
+                k = seen[id(b.items)] = len(seen)
+                h.update(marshal.dumps(tuple(map(tuple, b.items)), 0))
+            heads.append((b.src_side, b.sender, b.receiver, b.nbytes, k))
+        h.update(marshal.dumps((r.index, tuple(heads)), 0))
+    h.update(marshal.dumps(tuple(map(tuple, copies)), 0))
     return h.hexdigest()
 
 

@@ -172,58 +172,68 @@ def pack(bld, packets: list, xpackets: list) -> tuple[list[int], int]:
 def assemble(bld, packets: list, xpackets: list, rounds_of: list[int]) -> tuple[Round, ...]:
     """Buckets per (round, sender, receiver); items in packet order, template items first."""
     templates = bld.templates
-    tl: dict[tuple, list[WireItem]] = {}
+    tl: dict[tuple, list] = {}  # key -> [items..., ] with running bytes in nb
+    tb: dict[tuple, int] = {}
     pl: dict[tuple, list[WireItem]] = {}
+    pb: dict[tuple, int] = {}
     xl: dict[tuple, list[WireItem]] = {}
+    xb: dict[tuple, int] = {}
     for (s, w, kind, g, l, i, b, items), rho in zip(packets, rounds_of):
         if kind == 0:
             key = (rho, s, g, l)
-            lst = tl.get(key)
-            if lst is None:
-                tl[key] = list(items)
-            else:
-                lst.extend(items)
+            lst, acc = tl, tb
         else:
             key = (rho, s, templates[g].ranks[i][l])
-            lst = pl.get(key)
-            if lst is None:
-                pl[key] = list(items)
-            else:
-                lst.extend(items)
+            lst, acc = pl, pb
+        cur = lst.get(key)
+        if cur is None:
+            lst[key] = list(items)
+            acc[key] = b
+        else:
+            cur.extend(items)
+            acc[key] += b
     for (s, w, kind, g, l, i, b, items), rho in zip(xpackets, rounds_of[len(packets):]):
         key = (rho, s, g, l, i)
-        lst = xl.get(key)
-        if lst is None:
+        cur = xl.get(key)
+        if cur is None:
             xl[key] = list(items)
+            xb[key] = b
         else:
-            lst.extend(items)
+            cur.extend(items)
+            xb[key] += b
     per_round: dict[int, list[Bucket]] = {}
-    for (rho, s, g, l), lst in tl.items():
+    for key, lst in tl.items():
+        rho, s, g, l = key
         tt = tuple(lst)
-        tb = sum(it.nbytes for it in tt)
-        bl = per_round.setdefault(rho, [])
+        nb = tb[key]
+        bl = per_round.get(rho)
+        if bl is None:
+            bl = per_round[rho] = []
         for ranks in templates[g].ranks:
             r = ranks[l]
-            more = pl.pop((rho, s, r), None)
+            pkey = (rho, s, r)
+            more = pl.pop(pkey, None)
             if more is None:
-                bl.append(Bucket(TRAINER, s, r, tt, tb))
+                bl.append(Bucket(TRAINER, s, r, tt, nb))
             else:
-                mt = tt + tuple(more)
-                bl.append(Bucket(TRAINER, s, r, mt, tb + sum(it.nbytes for it in more)))
-    for (rho, s, r), lst in pl.items():
-        per_round.setdefault(rho, []).append(Bucket(TRAINER, s, r, tuple(lst), sum(it.nbytes for it in lst)))
-    for (rho, s, g, l, i), lst in xl.items():
+                bl.append(Bucket(TRAINER, s, r, tt + tuple(more), nb + pb[pkey]))
+    for key, lst in pl.items():
+        rho, s, r = key
+        per_round.setdefault(rho, []).append(Bucket(TRAINER, s, r, tuple(lst), pb[key]))
+    for key, lst in xl.items():
+        rho, s, g, l, i = key
         tt = tuple(lst)
-        tb = sum(it.nbytes for it in tt)
+        nb = xb[key]
         bl = per_round.setdefault(rho, [])
         for m_, ranks in enumerate(templates[g].ranks):
             if m_ != i:
-                bl.append(Bucket(ROLLOUT, s, ranks[l], tt, tb))
-    side_order = {TRAINER: 0, ROLLOUT: 1}
-    return tuple(
-        Round(rho, tuple(sorted(per_round[rho], key=lambda b: (side_order[b.src_side], b.sender, b.receiver))))
-        for rho in sorted(per_round)
-    )
+                bl.append(Bucket(ROLLOUT, s, ranks[l], tt, nb))
+    out = []
+    for rho in sorted(per_round):
+        bl = per_round[rho]
+        bl.sort()  # (src_side, sender, receiver) is unique within a round; update and exchange never share one
+        out.append(Round(rho, tuple(bl)))
+    return tuple(out)
 
 
 def decide_dedup(bld, packets: list, net: NetworkModel) -> tuple[bool, str]:
