@@ -76,21 +76,26 @@ class Need(NamedTuple):
 
 def index_sources(trainer: SideLayout) -> dict[str, list[Atom]]:
     """Per canonical tensor, disjoint atoms with their holders (one piece per holder rank)."""
-    classes: dict[str, dict[Box, dict[int, tuple[LocalTensor, Piece]]]] = {}
+    lists: dict[str, list[tuple[Box, int, LocalTensor, Piece]]] = {}
+    get = lists.get
     for lay in trainer.ranks:
         rank = lay.rank
         for t in lay.tensors:
             for p in t.pieces:
-                by_box = classes.get(p.canonical)
-                if by_box is None:
-                    by_box = classes[p.canonical] = {}
-                holders = by_box.get(p.canonical_box)
-                if holders is None:
-                    holders = by_box[p.canonical_box] = {}
-                if rank not in holders:
-                    holders[rank] = (t, p)
+                lst = get(p.canonical)
+                if lst is None:
+                    lists[p.canonical] = [(p.canonical_box, rank, t, p)]
+                else:
+                    lst.append((p.canonical_box, rank, t, p))
     out: dict[str, list[Atom]] = {}
-    for name, by_box in classes.items():
+    for name, lst in lists.items():
+        if len(lst) == 1:
+            box, rank, t, p = lst[0]
+            out[name] = [Atom(name, box, ((rank, t, p),))]
+            continue
+        by_box: dict[Box, dict[int, tuple[LocalTensor, Piece]]] = {}
+        for box, rank, t, p in lst:
+            by_box.setdefault(box, {}).setdefault(rank, (t, p))
         boxes = sorted(by_box)
         if len(boxes) == 1 or _pairwise_disjoint(boxes):
             out[name] = [Atom(name, b, _holders(by_box[b])) for b in boxes]
@@ -209,6 +214,9 @@ def make_items(
     One item unless ``box`` is not a single box in one of the local frames; then it is cut
     into parts that are boxes in both.
     """
+    if box == sp.canonical_box and box == dp.canonical_box:
+        return [WireItem(name, box, st.name, sp.local_box, sp.transpose, dt.name, dp.local_box, dp.transpose, dtype,
+                         box_numel(box) * esize)]
     out: list[WireItem] = []
 
     def emit(c: Box) -> None:
@@ -280,9 +288,33 @@ class _Builder:
         load: dict[int, int] = {}
         cap, unit_cap = self.cap, self.unit_cap
         templates = self.templates
+        ninsts = [len(t.ranks) for t in templates]
+        anydedup = any(dedup)
         for atom, chunk_list in self.chunks:
             name, holders = atom.canonical, atom.holders
             k = len(holders)
+            if k == 1 and not anydedup:  # fast path: one holder, template packets
+                s, st, sp = holders[0]
+                tot = 0
+                for g, l, cbox, dt, dp in chunk_list:
+                    ninst = ninsts[g]
+                    dtype = dt.dtype
+                    es = dtype_bytes(dtype)
+                    b = box_numel(cbox) * es
+                    if b * ninst <= unit_cap:
+                        out.append((s, ninst * b, 0, g, l, -1, b, tuple(make_items(name, cbox, st, sp, dt, dp, dtype, es))))
+                        tot += ninst * b
+                        continue
+                    for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
+                        b = box_numel(u) * es
+                        items = tuple(make_items(name, u, st, sp, dt, dp, dtype, es))
+                        if ninst * b <= cap:
+                            out.append((s, ninst * b, 0, g, l, -1, b, items))
+                        else:
+                            out.extend((s, b, 1, g, l, i, b, items) for i in range(ninst))
+                        tot += ninst * b
+                load[s] = load.get(s, 0) + tot
+                continue
             entries = []  # (box, g, l, i or -1, dt, dp, dtype, es, nbytes per receiver, sender load)
             for g, l, cbox, dt, dp in chunk_list:
                 ninst = len(templates[g].ranks)
@@ -449,15 +481,17 @@ def plan_hash(header: tuple, rounds: Sequence[Round], copies: Sequence[LocalCopy
     h = hashlib.sha256()
     h.update(marshal.dumps(tuple(header), 0))
     seen: dict[int, int] = {}
+    setdefault = seen.setdefault
     for r in rounds:
-        heads = []
-        for b in r.buckets:
-            k = seen.get(id(b.items))
-            if k is None:
-                k = seen[id(b.items)] = len(seen)
-                h.update(marshal.dumps(tuple(map(tuple, b.items)), 0))
-            heads.append((b.src_side, b.sender, b.receiver, b.nbytes, k))
-        h.update(marshal.dumps((r.index, tuple(heads)), 0))
+        bk = r.buckets
+        n0 = len(seen)
+        ks = [setdefault(id(b[3]), len(seen)) for b in bk]
+        if len(seen) > n0:
+            for b, k in zip(bk, ks):
+                if k >= n0:
+                    n0 = k + 1
+                    h.update(marshal.dumps(tuple(map(tuple, b[3])), 0))
+        h.update(marshal.dumps((r.index, [b[:3] for b in bk], [b[4] for b in bk], ks), 0))
     h.update(marshal.dumps(tuple(map(tuple, copies)), 0))
     return h.hexdigest()
 

@@ -202,6 +202,7 @@ def assemble(bld, packets: list, xpackets: list, rounds_of: list[int]) -> tuple[
             cur.extend(items)
             xb[key] += b
     per_round: dict[int, list[Bucket]] = {}
+    new = tuple.__new__
     for key, lst in tl.items():
         rho, s, g, l = key
         tt = tuple(lst)
@@ -209,14 +210,17 @@ def assemble(bld, packets: list, xpackets: list, rounds_of: list[int]) -> tuple[
         bl = per_round.get(rho)
         if bl is None:
             bl = per_round[rho] = []
+        if not pl:
+            bl.extend([new(Bucket, (TRAINER, s, ranks[l], tt, nb)) for ranks in templates[g].ranks])
+            continue
         for ranks in templates[g].ranks:
             r = ranks[l]
             pkey = (rho, s, r)
             more = pl.pop(pkey, None)
             if more is None:
-                bl.append(Bucket(TRAINER, s, r, tt, nb))
+                bl.append(new(Bucket, (TRAINER, s, r, tt, nb)))
             else:
-                bl.append(Bucket(TRAINER, s, r, tt + tuple(more), nb + pb[pkey]))
+                bl.append(new(Bucket, (TRAINER, s, r, tt + tuple(more), nb + pb[pkey])))
     for key, lst in pl.items():
         rho, s, r = key
         per_round.setdefault(rho, []).append(Bucket(TRAINER, s, r, tuple(lst), pb[key]))
