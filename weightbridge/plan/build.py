@@ -491,7 +491,8 @@ def plan_hash(header: tuple, rounds: Sequence[Round], copies: Sequence[LocalCopy
                 if k >= n0:
                     n0 = k + 1
                     h.update(marshal.dumps(tuple(map(tuple, b[3])), 0))
-        h.update(marshal.dumps((r.index, [b[:3] for b in bk], [b[4] for b in bk], ks), 0))
+        h.update(marshal.dumps((r.index, [b[0] for b in bk], [b[1] for b in bk], [b[2] for b in bk],
+                                [b[4] for b in bk], ks), 0))
     h.update(marshal.dumps(tuple(map(tuple, copies)), 0))
     return h.hexdigest()
 

@@ -43,8 +43,14 @@ def map_to_local(sub: Box, piece: Piece) -> list[tuple[Box, Box]]:
     if sub == pc:
         return [(sub, lb)]
     if not piece.transpose:
-        if len(pc) == len(lb) and all(b - a == d - c for (a, b), (c, d) in zip(pc, lb)):
-            return [(sub, tuple((a - c0 + l0, b - c0 + l0) for (a, b), (c0, _), (l0, _) in zip(sub, pc, lb)))]
+        if len(pc) == len(lb):
+            out = []
+            for (a, b), (c0, c1), (l0, l1) in zip(sub, pc, lb):
+                if c1 - c0 != l1 - l0:
+                    break
+                out.append((a - c0 + l0, b - c0 + l0))
+            else:
+                return [(sub, tuple(out))]
         m = _squeeze_map(box_shape(pc), box_shape(lb))
         if m is not None:
             out = list(lb)
