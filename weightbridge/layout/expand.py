@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
+from math import prod
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,7 @@ class _Expander:
         self.names.setdefault("num_layers", self._infer_num_layers())
         self.compiled: list[_CompiledRule] = []
         self._int_cache: dict[str, int] = {}
+        self._dominant: str | None = None
         self._all_layers: list[int | None] = [None, *sorted({l for t in model.tensors if (l := self._layer_of(t.name)) is not None})]
 
     def _infer_num_layers(self) -> int:
@@ -322,10 +324,22 @@ class _Expander:
         raw = rule.dtype or self.cfg.dtype
         if raw is None or raw == "canonical":
             return self.model[canonical].dtype
+        if raw == "model":
+            return self.cfg.dtype or self._model_dtype()
         dt = normalize_dtype(raw)
         if dt is None:
             raise _Problem(f"unknown dtype {raw!r}", "use e.g. bfloat16, float16, float32", field="dtype")
         return dt
+
+    def _model_dtype(self) -> str:
+        """The floating dtype holding most canonical elements (the config's torch_dtype in practice)."""
+        if self._dominant is None:
+            totals: dict[str, int] = defaultdict(int)
+            for t in self.model.tensors:
+                if t.dtype.startswith(("float", "bfloat")):
+                    totals[t.dtype] += prod(t.shape)
+            self._dominant = max(sorted(totals), key=lambda d: totals[d]) if totals else "float32"
+        return self._dominant
 
     def _build(self, rule: Rule, b: _Binding, coords: Mapping[str, int], name: str) -> LocalTensor | None:
         if rule.stack is None:

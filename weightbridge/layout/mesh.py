@@ -11,7 +11,8 @@ family     user axes (rank order, fastest first)         derived axes
 megatron   tp, cp, dp, pp  (Megatron "tp-cp-ep-dp-pp")   expert view: etp, ep, edp per stage
 fsdp2      tp, cp, dp, dp_replicate (DeviceMesh order     -
            [dp_replicate, dp, cp, tp], last fastest)
-engine     tp, pp   (vLLM/SGLang: rank = pp*tp + tp)      ep (1 or tp), etp = tp if ep == 1 else 1
+engine     tp, pp   (vLLM: rank = pp*tp + tp)             ep (1 or tp), etp = tp / ep
+sglang     tp, pp   (as engine)                          ep (any divisor of tp), etp = tp / ep
 hf         dp (identical replicas)                       -
 =========  ===========================================  =====================================
 
@@ -47,8 +48,8 @@ class MeshFamily:
                 s["etp"] = s["tp"]
             dense = s["tp"] * s["cp"] * s["dp"]
             s["edp"] = max(1, dense // max(1, s["etp"] * s["ep"]))
-        elif self.name == "engine":
-            s["etp"] = s["tp"] if s["ep"] == 1 else 1
+        elif self.name in ("engine", "sglang"):
+            s["etp"] = s["tp"] // s["ep"] if s["ep"] and s["tp"] % s["ep"] == 0 else 1
         return s
 
     def world_size(self, mesh: Mapping[str, int]) -> int:
@@ -82,8 +83,10 @@ class MeshFamily:
                 )
         if self.name == "engine" and s["ep"] not in (1, s["tp"]):
             out.append(
-                MeshProblem("ep", f"ep = {s['ep']} must be 1 or equal tp = {s['tp']}", "engine expert parallelism spans the TP ranks of an instance")
+                MeshProblem("ep", f"ep = {s['ep']} must be 1 or equal tp = {s['tp']}", "vLLM expert parallelism spans the TP ranks of an instance")
             )
+        if self.name == "sglang" and s["tp"] % s["ep"]:
+            out.append(MeshProblem("ep", f"ep = {s['ep']} must divide tp = {s['tp']}", "SGLang splits each expert over tp / ep ranks"))
         return out
 
     def coords(self, mesh: Mapping[str, int], rank: int) -> dict[str, int]:
@@ -99,9 +102,10 @@ class MeshFamily:
             c["etp"] = in_stage % s["etp"]
             c["ep"] = (in_stage // s["etp"]) % s["ep"]
             c["edp"] = in_stage // (s["etp"] * s["ep"])
-        elif self.name == "engine":
-            c["ep"] = c["tp"] if s["ep"] > 1 else 0
-            c["etp"] = c["tp"] if s["ep"] == 1 else 0
+        elif self.name in ("engine", "sglang"):
+            # moe_ep_rank = tp_rank // moe_tp, moe_tp_rank = tp_rank % moe_tp (moe_tp = tp / ep).
+            c["ep"] = c["tp"] // s["etp"]
+            c["etp"] = c["tp"] % s["etp"]
         return c
 
 
@@ -109,6 +113,7 @@ FAMILIES: dict[str, MeshFamily] = {
     "megatron": MeshFamily("megatron", ("tp", "cp", "dp", "pp"), (("ep", 1), ("etp", 1))),
     "fsdp2": MeshFamily("fsdp2", ("tp", "cp", "dp", "dp_replicate")),
     "engine": MeshFamily("engine", ("tp", "pp"), (("ep", 1),)),
+    "sglang": MeshFamily("sglang", ("tp", "pp"), (("ep", 1),)),
     "hf": MeshFamily("hf", ("dp",)),
 }
 

@@ -38,7 +38,7 @@ class PresetFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     doc: str
-    family: Literal["megatron", "fsdp2", "engine", "hf"] | None = None
+    family: Literal["megatron", "fsdp2", "engine", "sglang", "hf"] | None = None
     extends: str | None = None
     remove: list[str] = Field(default_factory=list)
     pp_style: Literal["even", "vllm"] | None = None

@@ -96,7 +96,10 @@ class Rule(_Strict):
     unless: list[str] = Field(default_factory=list, description="Canonical templates whose existence disables a binding.")
     stage: Literal["first", "last", "all"] | None = Field(default=None, description="Pipeline stage(s) holding a non-layer tensor.")
     expert_axis: str = Field(default="ep", description="Mesh axis owning {expert} when the rule does not stack experts.")
-    dtype: str | None = Field(default=None, description="Local dtype; 'canonical' keeps the canonical tensor's dtype.")
+    dtype: str | None = Field(
+        default=None,
+        description="Local dtype; 'canonical' keeps the canonical tensor's dtype, 'model' uses the side's (or the model's) dtype.",
+    )
 
     @model_validator(mode="after")
     def _one_body(self) -> Rule:

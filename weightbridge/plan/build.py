@@ -285,14 +285,19 @@ class _Builder:
         """Trainer -> rollout packets (kinds 0, 1) in canonical order; exchange packets kept in ``self.xpackets``."""
         out: list[Packet] = []
         xout: list[Packet] = []
-        load: dict[int, int] = {}
+        load: dict[int, int] = {}  # bytes per sender so far
+        forced: dict[int, int] = {}  # of which from atoms with one holder
+        self.load, self.forced = load, forced
         cap, unit_cap = self.cap, self.unit_cap
         templates = self.templates
         ninsts = [len(t.ranks) for t in templates]
         anydedup = any(dedup)
+        slot_load: dict[tuple[int, int], list[int]] = {}
+        xdeps: list = []  # per exchange packet: indices of the update packets it forwards from
         for atom, chunk_list in self.chunks:
             name, holders = atom.canonical, atom.holders
             k = len(holders)
+            start = len(out)
             if k == 1 and not anydedup:  # fast path: one holder, template packets
                 s, st, sp = holders[0]
                 tot = 0
@@ -314,24 +319,23 @@ class _Builder:
                             out.extend((s, b, 1, g, l, i, b, items) for i in range(ninst))
                         tot += ninst * b
                 load[s] = load.get(s, 0) + tot
+                forced[s] = forced.get(s, 0) + tot
                 continue
             entries = []  # (box, g, l, i or -1, dt, dp, dtype, es, nbytes per receiver, sender load)
             for g, l, cbox, dt, dp in chunk_list:
-                ninst = len(templates[g].ranks)
+                ninst = ninsts[g]
                 dtype = dt.dtype
                 es = dtype_bytes(dtype)
                 dd = dedup[g] and ninst > 1
-                maxn = max(1, unit_cap // (es * (1 if dd else ninst)))
-                for u in split_box(cbox, maxn):
+                for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
                     b = box_numel(u) * es
-                    if dd:
-                        nr = num_rows(u)
-                        parts = min(ninst, nr)
-                        for i in range(parts):
-                            lo, hi = nr * i // parts, nr * (i + 1) // parts
-                            ub = rows(u, lo, hi)
-                            bb = box_numel(ub) * es
-                            entries.append((ub, g, l, i, dt, dp, dtype, es, bb, bb))
+                    if dd:  # the unit crosses once, to the instance that has received least so far
+                        sl = slot_load.get((g, l))
+                        if sl is None:
+                            sl = slot_load[(g, l)] = [0] * ninst
+                        i = sl.index(min(sl))
+                        sl[i] += b
+                        entries.append((u, g, l, i, dt, dp, dtype, es, b, b))
                     elif ninst * b <= cap:
                         entries.append((u, g, l, -1, dt, dp, dtype, es, b, ninst * b))
                     else:
@@ -340,20 +344,38 @@ class _Builder:
             if k == 1:
                 s, st, sp = holders[0]
                 tot = 0
+                cache: dict[tuple, tuple[WireItem, ...]] = {}
                 for ub, g, l, i, dt, dp, dtype, es, b, w in entries:
-                    items = tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
+                    ckey = (ub, g, l)
+                    items = cache.get(ckey)
+                    if items is None:
+                        items = cache[ckey] = tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
                     out.append((s, w, 0 if i < 0 else 1, g, l, i, b, items))
                     tot += w
                 load[s] = load.get(s, 0) + tot
+                forced[s] = forced.get(s, 0) + tot
             else:
                 self._split(name, holders, entries, load, out)
-            if any(dedup):
+            if anydedup:
+                deps: dict[tuple[int, int, int], list[int]] = {}
+                for pi in range(start, len(out)):
+                    pk = out[pi]
+                    deps.setdefault((pk[3], pk[4], pk[5]), []).append(pi)
                 for ub, g, l, i, dt, dp, dtype, es, b, w in entries:
-                    if i >= 0 and dedup[g] and len(templates[g].ranks) > 1:
+                    if i >= 0 and dedup[g] and ninsts[g] > 1:
                         items = tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
-                        xout.append((templates[g].ranks[i][l], (len(templates[g].ranks) - 1) * b, 2, g, l, i, b, items))
+                        xout.append((templates[g].ranks[i][l], (ninsts[g] - 1) * b, 2, g, l, i, b, items))
+                        xdeps.append(deps.get((g, l, i), ()))
         self.xpackets = xout
+        self.xdeps = xdeps
         return out
+
+    def sender_bound(self) -> int:
+        """A lower bound on the busiest sender's bytes: its unshareable bytes, or the even share."""
+        if not self.load:
+            return 0
+        even = -(-sum(self.load.values()) // len(self.load))
+        return max(even, max(self.forced.values(), default=0))
 
     def _split(self, name: str, holders: tuple[Holder, ...], entries: list, load: dict[int, int], out: list) -> None:
         """Split the atom's stream among its holders: near-equal bytes, cuts on row boundaries."""
@@ -378,7 +400,7 @@ class _Builder:
                 if cut > r0:
                     hj = order[j]
                     s, st, sp = holders[hj]
-                    key = (hj, eidx if i < 0 else (ub, dt.name, dp), r0, cut)
+                    key = (hj, ub, g, l, r0, cut)
                     items = cache.get(key)
                     if items is None:
                         sub = ub if (r0 == 0 and cut == nr) else rows(ub, r0, cut)
@@ -436,24 +458,19 @@ def _build(trainer, rollout, round_bytes, net, receiver_dedup, t0) -> TransferPl
     bld = _Builder(trainer, rollout, round_bytes, net)
     ntpl = len(bld.templates)
     notes: list[str] = []
-    off = [False] * ntpl
-    packets = bld.packets(off)
-    dedup = off
+    dedup = [False] * ntpl
     if receiver_dedup == "on":
         dedup = [len(t.ranks) > 1 for t in bld.templates]
     elif receiver_dedup == "auto" and any(len(t.ranks) > 1 for t in bld.templates):
-        use, note = decide_dedup(bld, packets, net)
+        use, note = decide_dedup(bld, net)
         notes.append(note)
         if use:
             dedup = [len(t.ranks) > 1 for t in bld.templates]
-    if any(dedup):
-        packets = bld.packets(dedup)
-    else:
-        bld.xpackets = []
-    rounds_of, nupdate = pack(bld, packets, bld.xpackets)
+    packets = bld.packets(dedup)
+    rounds_of = pack(bld, packets, bld.xpackets, bld.xdeps)
     rounds = assemble(bld, packets, bld.xpackets, rounds_of)
     copies = tuple(sorted(bld.copies))
-    header = (PLANNER_VERSION, round_bytes, trainer.world_size, rollout.world_size, any(dedup), bld.min_wire, nupdate)
+    header = (PLANNER_VERSION, round_bytes, trainer.world_size, rollout.world_size, any(dedup), bld.min_wire)
     plan = TransferPlan(
         rounds=rounds,
         local_copies=copies,
@@ -462,7 +479,7 @@ def _build(trainer, rollout, round_bytes, net, receiver_dedup, t0) -> TransferPl
         num_receivers=rollout.world_size,
         receiver_dedup=any(dedup),
         min_wire_bytes=bld.min_wire,
-        num_update_rounds=nupdate,
+        max_sender_bytes_bound=bld.sender_bound(),
         plan_hash=plan_hash(header, rounds, copies),
         notes=tuple(notes),
     )

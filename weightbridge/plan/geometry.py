@@ -31,6 +31,29 @@ def _squeeze_map(cshape: tuple[int, ...], lshape: tuple[int, ...]) -> tuple[int,
     return out
 
 
+# (canonical box, local box) -> per canonical dim (local dim or -1, offset local - canonical),
+# or None when the piece needs the general row-major mapping.
+_FAST_CACHE: dict[tuple[Box, Box], tuple[tuple[int, int], ...] | None] = {}
+
+
+def _fast(pc: Box, lb: Box) -> tuple[tuple[int, int], ...] | None:
+    key = (pc, lb)
+    hit = _FAST_CACHE.get(key, key)
+    if hit is not key:
+        return hit  # type: ignore[return-value]
+    out: tuple[tuple[int, int], ...] | None = None
+    if len(pc) == len(lb) and all(b - a == d - c for (a, b), (c, d) in zip(pc, lb)):
+        out = tuple((d, lb[d][0] - pc[d][0]) for d in range(len(pc)))
+    else:
+        m = _squeeze_map(box_shape(pc), box_shape(lb))
+        if m is not None:
+            out = tuple((d, (lb[d][0] - pc[c][0]) if d >= 0 else 0) for c, d in enumerate(m))
+    if len(_FAST_CACHE) > 1 << 16:
+        _FAST_CACHE.clear()
+    _FAST_CACHE[key] = out
+    return out
+
+
 def map_to_local(sub: Box, piece: Piece) -> list[tuple[Box, Box]]:
     """Map ``sub`` (canonical frame, inside ``piece.canonical_box``) into the piece's local tensor.
 
@@ -43,25 +66,13 @@ def map_to_local(sub: Box, piece: Piece) -> list[tuple[Box, Box]]:
     if sub == pc:
         return [(sub, lb)]
     if not piece.transpose:
-        if len(pc) == len(lb):
-            out = []
-            for (a, b), (c0, c1), (l0, l1) in zip(sub, pc, lb):
-                if c1 - c0 != l1 - l0:
-                    break
-                out.append((a - c0 + l0, b - c0 + l0))
-            else:
-                return [(sub, tuple(out))]
-        m = _squeeze_map(box_shape(pc), box_shape(lb))
-        if m is not None:
+        f = _fast(pc, lb)
+        if f is not None:
             out = list(lb)
-            for (a, b), (c0, _), d in zip(sub, pc, m):
+            for (a, b), (d, off) in zip(sub, f):
                 if d >= 0:
-                    l0 = lb[d][0]
-                    out[d] = (a - c0 + l0, b - c0 + l0)
+                    out[d] = (a + off, b + off)
             return [(sub, tuple(out))]
-    return corresponding_sub(sub, pc, lb, piece.transpose)
-
-
 def subtract(a: Box, b: Box) -> list[Box]:
     """``a`` minus ``b`` as disjoint boxes (same frame), in a fixed order; ``[a]`` when disjoint."""
     if intersect(a, b) is None:

@@ -5,16 +5,17 @@ Keys (all always present):
 =========================  ==========================================================
 ``plan_hash``              sha256 hex of the plan (identical on every rank)
 ``num_rounds``             rounds, update and exchange
-``num_update_rounds``      trainer -> rollout rounds
 ``num_buckets``            (round, sender, receiver) wire buffers
 ``num_items``              items over all buckets
-``wire_bytes``             bytes trainers send
+``wire_bytes``             bytes arriving at rollout ranks (from trainers and forwarded by peers)
+``update_bytes``           bytes trainers send
 ``exchange_bytes``         bytes rollout ranks forward (receiver de-replication)
 ``min_wire_bytes``         sum over receivers of the bytes each needs
 ``max_sender_bytes``       over trainer ranks that send
 ``mean_sender_bytes``      over trainer ranks that send
 ``sender_balance``         max / mean sender bytes
-``max_receiver_bytes``     over rollout ranks (update + exchange)
+``sender_balance_bound``   lowest max / mean any plan of these layouts can reach (unique data per sender)
+``max_receiver_bytes``     bytes received, over rollout ranks (update + exchange)
 ``round_bytes``            the per-rank cap
 ``max_round_rank_bytes``   largest bytes one rank moves in one round
 ``receiver_dedup``         whether receiver de-replication is used
@@ -53,8 +54,6 @@ def plan_metrics(
 ) -> dict[str, Any]:
     sender = plan.sender_bytes(TRAINER)
     receiver = plan.receiver_bytes()
-    for r, v in plan.sender_bytes(ROLLOUT).items():
-        receiver[r] = receiver.get(r, 0) + v
     senders = [v for v in sender.values() if v > 0]
     mean_s = sum(senders) / len(senders) if senders else 0.0
     max_s = max(senders, default=0)
@@ -85,15 +84,16 @@ def plan_metrics(
     return {
         "plan_hash": plan.plan_hash,
         "num_rounds": plan.num_rounds,
-        "num_update_rounds": plan.num_update_rounds,
         "num_buckets": sum(len(r.buckets) for r in plan.rounds),
         "num_items": plan.num_items(),
         "wire_bytes": plan.wire_bytes,
+        "update_bytes": plan.update_bytes,
         "exchange_bytes": plan.exchange_bytes,
         "min_wire_bytes": plan.min_wire_bytes,
         "max_sender_bytes": max_s,
         "mean_sender_bytes": mean_s,
         "sender_balance": (max_s / mean_s) if mean_s else 1.0,
+        "sender_balance_bound": (plan.max_sender_bytes_bound / mean_s) if mean_s else 1.0,
         "max_receiver_bytes": max(receiver.values(), default=0),
         "round_bytes": plan.round_bytes,
         "max_round_rank_bytes": round_rank,

@@ -9,8 +9,10 @@ where no rank of it exceeds ``round_bytes`` (sent + received). Receivers of a te
 tracked as ``common[slot][round] + extra[instance, slot][round]``, so checking a packet that
 goes to all instances costs O(1).
 
-Exchange packets (receiver de-replication) are packed the same way into rounds after every
-update round, so a rollout rank only forwards data it already holds.
+Exchange packets (receiver de-replication) share the rounds: each goes no earlier than one
+round after the update packets it forwards from arrive (updates aim at the first ``N - 1``
+rounds so the last round is left for forwards), and counts against the cap of its sender and
+of every receiver, so NIC-bound updates and NVLink-bound forwards overlap.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ def _num_rounds(maxload: int, cap: int) -> int:
     return max(1, -(-maxload // int(cap * FILL)))
 
 
-def pack(bld, packets: list, xpackets: list) -> tuple[list[int], int]:
-    """Round of every packet (``packets`` then ``xpackets``) and the number of update rounds."""
+def pack(bld, packets: list, xpackets: list, xdeps: list) -> list[int]:
+    """Round of every packet (``packets`` then ``xpackets``)."""
     cap = bld.cap
     templates = bld.templates
     send_tot: dict[int, int] = {}
@@ -41,21 +43,30 @@ def pack(bld, packets: list, xpackets: list) -> tuple[list[int], int]:
             common_tot[(g, l)] = common_tot.get((g, l), 0) + b
         else:
             extra_tot[(g, i, l)] = extra_tot.get((g, i, l), 0) + b
+    xs_tot: dict[int, int] = {}
+    for s, w, kind, g, l, i, b, _ in xpackets:
+        xs_tot[(g, i, l)] = xs_tot.get((g, i, l), 0) + w
+        extra_tot[(g, i, l)] = extra_tot.get((g, i, l), 0) + w
+        for m_ in range(len(templates[g].ranks)):
+            if m_ != i:
+                extra_tot[(g, m_, l)] = extra_tot.get((g, m_, l), 0) + b
     recv = dict.fromkeys(((g, i, l) for g, t in enumerate(templates) for i in range(len(t.ranks))
                           for l in range(len(t.layouts))), 0)
-    for (g, i, l), b in extra_tot.items():
-        recv[(g, i, l)] += b
+    for key, b in extra_tot.items():
+        recv[key] += b
     for (g, l), b in common_tot.items():
         for i in range(len(templates[g].ranks)):
             recv[(g, i, l)] += b
     maxload = max([1, *send_tot.values(), *recv.values()])
     n = _num_rounds(maxload, cap)
+    # with exchanges, updates aim at rounds [0, n-1) so that every forward has a later round
+    nu = n - 1 if (xpackets and n > 1) else n
     nr = n
     sl: dict[int, list[int]] = {}
     common: dict[tuple[int, int], list[int]] = {}
     mx: dict[tuple[int, int], list[int]] = {}
     extra: dict[tuple[int, int, int], list[int]] = {}
-    cum: dict[int, int] = {}
+    cum: dict = {}
     out = [0] * (len(packets) + len(xpackets))
 
     def grow(lst: list[int], upto: int) -> None:
@@ -65,9 +76,9 @@ def pack(bld, packets: list, xpackets: list) -> tuple[list[int], int]:
     for idx, (s, w, kind, g, l, i, b, _) in enumerate(packets):
         c = cum.get(s, 0)
         cum[s] = c + w
-        d = int((c + w / 2) * n / send_tot[s])
-        if d >= n:
-            d = n - 1
+        d = int((c + w / 2) * nu / send_tot[s])
+        if d >= nu:
+            d = nu - 1
         ls = sl.get(s)
         if ls is None:
             ls = sl[s] = [0] * n
@@ -117,56 +128,47 @@ def pack(bld, packets: list, xpackets: list) -> tuple[list[int], int]:
             if ex[rho] > m[rho]:
                 m[rho] = ex[rho]
         out[idx] = rho
-    used = sorted(set(out[: len(packets)])) if packets else []
-    remap = {r: k for k, r in enumerate(used)}
-    for idx in range(len(packets)):
-        out[idx] = remap[out[idx]]
-    nupdate = len(used)
-    if not xpackets:
-        return out, nupdate
-    # exchange rounds: per rollout rank, sent + received
-    xs_tot: dict[int, int] = {}
-    for s, w, *_ in xpackets:
-        xs_tot[s] = xs_tot.get(s, 0) + w
-    xload: dict[int, int] = {}
-    for s, w, kind, g, l, i, b, _ in xpackets:
-        xload[s] = xload.get(s, 0) + w
-        for m_, ranks in enumerate(templates[g].ranks):
-            if m_ != i:
-                xload[ranks[l]] = xload.get(ranks[l], 0) + b
-    n = _num_rounds(max(xload.values()), cap)
-    nr = n
-    rl: dict[int, list[int]] = {}
-    cum = {}
+    # exchanges: after the rounds their data arrives in; a rollout rank's sent + received count
     base = len(packets)
+    cum = {}
     for idx, (s, w, kind, g, l, i, b, _) in enumerate(xpackets):
-        c = cum.get(s, 0)
-        cum[s] = c + w
-        d = min(n - 1, int((c + w / 2) * n / xs_tot[s]))
-        peers = [ranks[l] for m_, ranks in enumerate(templates[g].ranks) if m_ != i]
-        lists = [rl.setdefault(x, []) for x in (s, *peers)]
+        skey = (g, i, l)
+        c = cum.get(skey, 0)
+        cum[skey] = c + w
+        first = 1 + max((out[p] for p in xdeps[idx]), default=-1)
+        d = max(first, min(n - 1, int((c + w / 2) * n / xs_tot[skey])))
+        cm = common.setdefault((g, l), [0] * n)
+        lists = []
+        for m_ in range(len(templates[g].ranks)):
+            lists.append(extra.setdefault((g, m_, l), [0] * n))
         rho = -1
-        for r in chain(range(d, nr), range(d - 1, -1, -1)):
+        for r in chain(range(d, nr), range(d - 1, first - 1, -1)):
+            if r >= len(cm):
+                grow(cm, r)
             for lst in lists:
-                grow(lst, r)
-            if lists[0][r] + w > cap or any(lst[r] + b > cap for lst in lists[1:]):
+                if r >= len(lst):
+                    grow(lst, r)
+            base_r = cm[r]
+            if base_r + lists[i][r] + w > cap:
+                continue
+            if any(base_r + lst[r] + b > cap for m_, lst in enumerate(lists) if m_ != i):
                 continue
             rho = r
             break
         if rho < 0:
-            rho = nr
-            nr += 1
+            rho = max(nr, first)
+            nr = rho + 1
+            grow(cm, rho)
             for lst in lists:
                 grow(lst, rho)
-        lists[0][rho] += w
-        for lst in lists[1:]:
-            lst[rho] += b
+        for m_, lst in enumerate(lists):
+            lst[rho] += w if m_ == i else b
         out[base + idx] = rho
-    used = sorted(set(out[base:]))
-    remap = {r: nupdate + k for k, r in enumerate(used)}
-    for idx in range(base, len(out)):
-        out[idx] = remap[out[idx]]
-    return out, nupdate
+    used = sorted(set(out))
+    if used and used[-1] != len(used) - 1:
+        remap = {r: k for k, r in enumerate(used)}
+        out = [remap[r] for r in out]
+    return out
 
 
 def assemble(bld, packets: list, xpackets: list, rounds_of: list[int]) -> tuple[Round, ...]:
@@ -240,40 +242,47 @@ def assemble(bld, packets: list, xpackets: list, rounds_of: list[int]) -> tuple[
     return tuple(out)
 
 
-def decide_dedup(bld, packets: list, net: NetworkModel) -> tuple[bool, str]:
-    """Price the update with and without receiver de-replication; use it only if >= 10% faster."""
+def decide_dedup(bld, net: NetworkModel) -> tuple[bool, str]:
+    """Price the update with and without receiver de-replication; use it only if >= 10% faster.
+
+    Estimated from chunk bytes, with replicated atoms split evenly among their holders.
+    """
+    from weightbridge.layout.box import box_numel
+    from weightbridge.layout.ir import dtype_bytes
+
     templates = bld.templates
-    agg: dict[tuple[int, int, int, int], int] = {}  # (s, g, l, i|-1) -> bytes per receiver
-    for s, w, kind, g, l, i, b, _ in packets:
-        key = (s, g, l, i if kind == 1 else -1)
-        agg[key] = agg.get(key, 0) + b
+    agg: dict[tuple[int, int, int], float] = {}  # (s, g, l) -> bytes per instance
+    for atom, chunk_list in bld.chunks:
+        k = len(atom.holders)
+        for g, l, cbox, dt, dp in chunk_list:
+            b = box_numel(cbox) * dtype_bytes(dt.dtype) / k
+            for s, _, _ in atom.holders:
+                key = (s, g, l)
+                agg[key] = agg.get(key, 0) + b
     plain = []
     dedup = []
-    slot_tot: dict[tuple[int, int], int] = {}
-    for (s, g, l, i), b in agg.items():
+    slot_tot: dict[tuple[int, int], float] = {}
+    for (s, g, l), b in agg.items():
         ranks = templates[g].ranks
         ninst = len(ranks)
-        targets = range(ninst) if i < 0 else (i,)
-        for x in targets:
+        for x in range(ninst):
             plain.append((TRAINER, s, ROLLOUT, ranks[x][l], b))
-        tot = b * len(targets)
+            dedup.append((TRAINER, s, ROLLOUT, ranks[x][l], b / ninst if ninst > 1 else b))
         if ninst > 1:
-            for x in range(ninst):  # each unit crosses from trainers once, 1/ninst to each instance
-                dedup.append((TRAINER, s, ROLLOUT, ranks[x][l], tot // (ninst * ninst)))
-            slot_tot[(g, l)] = slot_tot.get((g, l), 0) + tot // ninst
-        else:
-            dedup.extend((TRAINER, s, ROLLOUT, ranks[x][l], b) for x in targets)
+            slot_tot[(g, l)] = slot_tot.get((g, l), 0) + b
     t_plain = flows_seconds(plain, net)
     t_update = flows_seconds(dedup, net)
     xflows = []
     for (g, l), per_inst in slot_tot.items():
         ranks = templates[g].ranks
-        share = per_inst // len(ranks)
+        share = per_inst / len(ranks)
         for i, a in enumerate(ranks):
             for m_, bb in enumerate(ranks):
                 if m_ != i:
                     xflows.append((ROLLOUT, a[l], ROLLOUT, bb[l], share))
-    t_dedup = t_update + flows_seconds(xflows, net)
+    # forwarding adds at least one round and (instances - 1) messages per rank
+    most = max((len(t.ranks) for t in templates), default=1)
+    t_dedup = t_update + flows_seconds(xflows, net) + net.message_latency_s * most
     use = t_dedup < 0.9 * t_plain
     note = (
         f"receiver de-replication {'on' if use else 'off'}: estimated {t_dedup:.3g}s with vs {t_plain:.3g}s without"

@@ -139,7 +139,7 @@ class TransferPlan:
     num_receivers: int  # rollout world size
     receiver_dedup: bool  # whether rollout instances complete shards among themselves
     min_wire_bytes: int  # sum over receivers of the bytes each needs
-    num_update_rounds: int  # rounds [0, num_update_rounds) are trainer -> rollout; the rest exchange
+    max_sender_bytes_bound: int  # no plan of these layouts has a busiest sender below this
     plan_hash: str = ""
     notes: tuple[str, ...] = ()  # decisions worth printing (e.g. why receiver de-replication is off)
     planning_seconds: float = field(default=0.0, compare=False)
@@ -151,7 +151,15 @@ class TransferPlan:
 
     @property
     def wire_bytes(self) -> int:
-        """Bytes sent by trainers (the update itself; exchange bytes are in :attr:`exchange_bytes`)."""
+        """Bytes arriving at rollout ranks, from trainers and (receiver de-replication) from peers.
+
+        Equals :attr:`min_wire_bytes` for an exact plan: every needed element arrives once.
+        """
+        return sum(b.nbytes for r in self.rounds for b in r.buckets)
+
+    @property
+    def update_bytes(self) -> int:
+        """Bytes sent by trainers."""
         return sum(b.nbytes for r in self.rounds for b in r.buckets if b.src_side == TRAINER)
 
     @property
@@ -243,7 +251,6 @@ class TransferPlan:
             "plan_hash": self.plan_hash,
             "round_bytes": self.round_bytes,
             "receiver_dedup": self.receiver_dedup,
-            "num_update_rounds": self.num_update_rounds,
             "rounds": [
                 [
                     {

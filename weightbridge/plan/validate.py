@@ -50,6 +50,9 @@ class _Side:
         return d.get(name)
 
 
+_PIECES: dict[int, tuple[LocalTensor, dict[str, list]]] = {}  # per validate_plan call
+
+
 def _check_end(
     t: LocalTensor | None, what: str, name: str, cbox: Box, lbox: Box, transpose: bool
 ) -> list[tuple[str, str]]:
@@ -58,8 +61,14 @@ def _check_end(
     out = []
     if not in_bounds(lbox, t.shape):
         out.append(("bounds", f"{what} box {format_box(lbox)} outside {t.name} {list(t.shape)}"))
-    for p in t.pieces:
-        if p.canonical != name or p.transpose != transpose or not contains(p.canonical_box, cbox):
+    idx = _PIECES.get(id(t))
+    if idx is None or idx[0] is not t:
+        by: dict[str, list] = {}
+        for p in t.pieces:
+            by.setdefault(p.canonical, []).append(p)
+        idx = _PIECES[id(t)] = (t, by)
+    for p in idx[1].get(name, ()):
+        if p.transpose != transpose or not contains(p.canonical_box, cbox):
             continue
         m = map_to_local(cbox, p)
         if len(m) == 1 and m[0][1] == lbox:
@@ -75,10 +84,19 @@ def validate_plan(
     problems: list[PlanProblem] = []
     sides = {TRAINER: _Side(trainer), ROLLOUT: _Side(rollout)}
     rsides = sides[ROLLOUT]
-    memo: dict[tuple[int, int, int], list[tuple[str, str]]] = {}
+    # Instances with identical layouts answer identically: memoise per representative rank.
+    from weightbridge.plan.build import group_instances
+
+    rep: dict[int, int] = {}
+    for tpl in group_instances(rollout):
+        for ranks in tpl.ranks:
+            for slot, r in enumerate(ranks):
+                rep[r] = tpl.ranks[0][slot]
+    memo: dict[tuple, list[tuple[str, str]]] = {}
     received: dict[tuple[int, str], list[tuple[Box, int]]] = {}
     exchanges: list[tuple[int, int, int, WireItem]] = []
     cap = plan.round_bytes
+    _PIECES.clear()
 
     def add(kind: str, msg: str) -> None:
         problems.append(PlanProblem(kind, msg))
@@ -99,7 +117,8 @@ def validate_plan(
                 total += it.nbytes
                 st = src.tensor(b.sender, it.src_tensor)
                 dt = rsides.tensor(b.receiver, it.dst_tensor)
-                key = (id(it), id(st), id(dt))
+                key = (id(it), b.src_side, rep.get(b.sender, b.sender) if b.src_side == ROLLOUT else b.sender,
+                       rep.get(b.receiver, b.receiver), it.src_tensor, it.dst_tensor)
                 res = memo.get(key)
                 if res is None:
                     res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose)
@@ -173,10 +192,13 @@ def validate_plan(
         for kind, msg in _check_end(st, "copy source", c.canonical, c.canonical_box, c.src_box, c.src_transpose) + \
                 _check_end(dt, "copy target", c.canonical, c.canonical_box, c.dst_box, c.dst_transpose):
             add(kind, f"local copy on rollout {c.rank}: {c.canonical}{format_box(c.canonical_box)}: {msg}")
+    _PIECES.clear()
     return problems
 
 
 def _cover(rank: int, name: str, need: list[Box], got: list[Box], add) -> None:
+    if len(need) == 1 and len(got) == 1 and got[0] == need[0]:
+        return
     if len(need) == 1:
         need_numel = box_numel(need[0])
     else:

@@ -1,0 +1,111 @@
+"""Process entry points for the multiprocess transport tests (module-level, so they pickle)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from weightbridge.plan import build_plan
+from weightbridge.spec.resolve import check_text
+from weightbridge.transport import Executor, create_bridge_group, open_store
+from weightbridge.transport.localrun import (
+    canonical_tensors,
+    diff_tensors,
+    empty_like_layout,
+    materialize,
+    needed_names,
+)
+
+FILL = 3.0  # destination value before the update; padding must keep it
+
+
+def resolve(yaml_text: str):
+    r, problems = check_text(yaml_text)
+    assert r is not None and not problems, [str(p) for p in problems]
+    return r
+
+
+def make_plan(r, plan_kwargs: dict):
+    return build_plan(r.trainer, r.rollout, **plan_kwargs)
+
+
+class CorruptingExecutor(Executor):
+    """Flips one payload byte after the checksum was computed (simulates corruption on the wire)."""
+
+    def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
+        if buf.numel() > 8:
+            buf[0] ^= 0xFF
+
+
+def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One rank of a transfer test. ``cfg``: see ``tests/transport/test_executor_mp.py``."""
+    r = resolve(cfg["yaml"])
+    plan = make_plan(r, cfg["plan"])
+    if cfg.get("plan_hash"):
+        assert plan.plan_hash == cfg["plan_hash"], "plans differ across processes"
+    side, rank = cfg["side"], cfg["rank"]
+    S, R = r.trainer.world_size, r.rollout.world_size
+    timeout_s = cfg.get("timeout_s", 20.0)
+    store = open_store("127.0.0.1", cfg["port"], is_master=False, timeout_s=timeout_s)
+    if cfg.get("own_world"):
+        # The process's own default group (trainer world of S, rollout world of R), like Megatron's or vLLM's.
+        import torch.distributed as dist
+
+        size = S if side == "trainer" else R
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore(f"{side}_world/", store), rank=rank, world_size=size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    bridge = rank if side == "trainer" else S + rank
+    group = create_bridge_group(
+        store, rank=bridge, world_size=S + R, num_trainers=S, backend="gloo", timeout_s=timeout_s,
+        prefix=cfg.get("prefix", "wb/data"),
+    )
+    layout = (r.trainer if side == "trainer" else r.rollout).ranks[rank]
+    tdtype = r.trainer.ranks[0].tensors[0].dtype
+    canon = canonical_tensors(r.canonical, seed=cfg.get("seed", 0), dtype=tdtype, names=needed_names(layout))
+    cls = CorruptingExecutor if cfg.get("corrupt") and side == "trainer" else Executor
+    ex = cls(
+        plan, group, side=side, rank=rank, device=torch.device("cpu"),
+        chunk_bytes=cfg.get("chunk_bytes", 64 << 20), checksums=cfg.get("checksums", False),
+        overlap=cfg.get("overlap", True),
+    )
+    on_round = None
+    kill_after = cfg.get("kill_after_round")
+    if kill_after is not None and cfg.get("kill_side", "trainer") == side and cfg.get("kill_rank", 0) == rank:
+
+        def on_round(ridx: int, stats: Any) -> None:
+            if stats.rounds > kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    out: dict[str, Any] = {"side": side, "rank": rank}
+    t0 = time.monotonic()
+    try:
+        if side == "trainer":
+            tensors = materialize(layout, canon)
+            time.sleep(cfg.get("stall_trainer_s", 0.0))
+            stats = ex.run(tensors, on_round=on_round)
+        else:
+            dst = empty_like_layout(layout, fill=FILL)
+            stats = ex.run(dst, on_round=on_round)
+            want = materialize(layout, canon, fill=FILL)
+            out["diff"] = diff_tensors(dst, want)
+            out["ntensors"] = len(dst)
+        out["stats"] = stats.to_json()
+        if cfg.get("own_world"):
+            import torch.distributed as dist
+
+            # The default group is untouched and still works.
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            out["default_world"] = (dist.get_world_size(), float(t.item()))
+            dist.destroy_process_group()
+    finally:
+        out["elapsed"] = time.monotonic() - t0
+    group.close()
+    return out

@@ -1,0 +1,200 @@
+"""Multiprocess Gloo tests of the data plane: real bytes between processes, checked bitwise.
+
+Every rollout rank compares each of its local tensors with what its IR says it must hold,
+built from the canonical full tensors through its pieces (padding keeps the fill value).
+Each test launches fresh processes with a hard wall-clock bound (killed and failed on overrun).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from weightbridge.plan import validate_plan
+from weightbridge.transport import ChecksumError, PeerFailed, PeerTimeout, TransportError, open_store
+from weightbridge.transport.localrun import launch
+
+from _workers import make_plan, resolve, transfer  # noqa: I001 - sibling module (tests/transport)
+
+pytestmark = pytest.mark.multiprocess
+
+WALL_S = 60.0  # hard bound per test
+
+TP2_TO_2xTP1 = """
+version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: megatron, mesh: {tp: 2}}
+rollout: {preset: hf, instances: 2}
+"""
+
+FSDP2_DP2TP2_TO_VLLM_TP2 = """
+version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: fsdp2, mesh: {dp: 2, tp: 2}}
+rollout: {preset: vllm, mesh: {tp: 2}}
+"""
+
+PP2_TO_TP2 = """
+version: 1
+model: {bundled: tiny-llama}
+trainer: {preset: megatron, mesh: {pp: 2}}
+rollout: {preset: vllm, instances: 2, mesh: {tp: 2}}
+"""
+
+MOE_EP = """
+version: 1
+model: {bundled: tiny-qwen3-moe}
+trainer: {preset: megatron, mesh: {dp: 2, ep: 2, etp: 1}}
+rollout: {preset: vllm, mesh: {tp: 2, ep: 2}}
+"""
+
+FP32_TO_BF16 = """
+version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: fsdp2, mesh: {dp: 2}, dtype: float32}
+rollout: {preset: vllm, instances: 2, mesh: {tp: 2}, dtype: bfloat16}
+"""
+
+
+def run_transfer(yaml_text: str, *, round_bytes: int = 1 << 20, receiver_dedup: str = "off", **extra):
+    """Plan here, launch every trainer and rollout rank, return (plan, results, seconds)."""
+    r = resolve(yaml_text)
+    plan_kwargs = {"round_bytes": round_bytes, "receiver_dedup": receiver_dedup}
+    plan = make_plan(r, plan_kwargs)
+    assert validate_plan(plan, r.trainer, r.rollout) == []
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=30)
+    base = {"yaml": yaml_text, "plan": plan_kwargs, "plan_hash": plan.plan_hash, "port": store.port, **extra}
+    cfgs = [({**base, "side": "trainer", "rank": t},) for t in range(r.trainer.world_size)]
+    cfgs += [({**base, "side": "rollout", "rank": q},) for q in range(r.rollout.world_size)]
+    t0 = time.monotonic()
+    results = launch(transfer, cfgs, timeout_s=WALL_S)
+    seconds = time.monotonic() - t0
+    del store
+    return plan, results, seconds
+
+
+def assert_bitwise(plan, results, *, checksums: bool = False) -> list[dict]:
+    outs = [res.unwrap() for res in results]  # raises with the child's traceback on failure
+    rollouts = [o for o in outs if o["side"] == "rollout"]
+    assert rollouts
+    for o in rollouts:
+        assert o["ntensors"] > 0
+        assert o["diff"] == [], f"rollout rank {o['rank']}: {o['diff']}"
+    extra = 8 * sum(len(r.buckets) for r in plan.rounds) if checksums else 0
+    for o in outs:
+        st = o["stats"]
+        assert st["peak_buffer_bytes"] <= 2 * plan.round_bytes + extra, (o["side"], o["rank"], st)
+    sent = sum(o["stats"]["bytes_sent"] for o in outs)
+    received = sum(o["stats"]["bytes_received"] for o in outs)
+    assert sent == received == plan.wire_bytes + plan.exchange_bytes
+    return outs
+
+
+def test_tp2_to_2x_tp1_next_to_own_default_groups() -> None:
+    plan, results, _ = run_transfer(TP2_TO_2xTP1, own_world=True)
+    outs = assert_bitwise(plan, results)
+    # Each process's own default world (trainers: 2, rollouts: 2) is untouched and still works.
+    for o in outs:
+        assert o["default_world"] == (2, 2.0)
+
+
+def test_fsdp2_dp2_tp2_to_vllm_tp2_fused() -> None:
+    r = resolve(FSDP2_DP2TP2_TO_VLLM_TP2)
+    names = {t.name for t in r.rollout.ranks[0].tensors}
+    assert any("qkv_proj" in n for n in names) and any("gate_up_proj" in n for n in names)
+    plan, results, _ = run_transfer(FSDP2_DP2TP2_TO_VLLM_TP2)
+    assert_bitwise(plan, results)
+
+
+def test_pp2_to_tp2_inline_no_overlap() -> None:
+    plan, results, _ = run_transfer(PP2_TO_TP2, overlap=False)
+    assert_bitwise(plan, results)
+
+
+def test_moe_ep_stacked_experts() -> None:
+    r = resolve(MOE_EP)
+    assert any("w13_weight" in t.name for t in r.rollout.ranks[0].tensors)
+    plan, results, _ = run_transfer(MOE_EP)
+    assert_bitwise(plan, results)
+
+
+def test_fp32_trainer_to_bf16_rollout_with_checksums() -> None:
+    plan, results, _ = run_transfer(FP32_TO_BF16, checksums=True)
+    assert {it.dtype for it in plan.items()} == {"bfloat16"}
+    assert_bitwise(plan, results, checksums=True)
+
+
+def test_receiver_dedup_exchange_rounds() -> None:
+    plan, results, _ = run_transfer(PP2_TO_TP2, receiver_dedup="on")
+    if not plan.receiver_dedup:
+        pytest.skip("planner did not enable receiver de-replication")
+    assert plan.exchange_bytes > 0
+    assert any(b.src_side == "rollout" for _, b in plan.buckets())
+    outs = assert_bitwise(plan, results)
+    # Trainers sent each byte once (not once per instance).
+    assert sum(o["stats"]["bytes_sent"] for o in outs if o["side"] == "trainer") == plan.wire_bytes
+    assert plan.wire_bytes < plan.min_wire_bytes
+
+
+def test_many_rounds_and_chunks() -> None:
+    rb = 24 << 10
+    plan, results, _ = run_transfer(FSDP2_DP2TP2_TO_VLLM_TP2, round_bytes=rb, chunk_bytes=1000)
+    assert plan.num_rounds >= 5
+    outs = assert_bitwise(plan, results)
+    for o in outs:
+        st = o["stats"]
+        assert st["rounds"] >= 2
+        assert st["chunks"] > st["rounds"]
+        assert 0 < st["peak_buffer_bytes"] <= 2 * rb
+
+
+def test_sender_killed_mid_run_raises_on_receivers() -> None:
+    timeout_s = 5.0
+    plan, results, seconds = run_transfer(
+        FSDP2_DP2TP2_TO_VLLM_TP2, round_bytes=24 << 10, timeout_s=timeout_s, kill_after_round=1,
+        kill_side="trainer", kill_rank=0,
+    )
+    assert plan.num_rounds >= 3
+    killed = results[0]
+    assert not killed.ok and killed.exitcode == -9
+    rollouts = results[4:]
+    for res in rollouts:
+        assert not res.ok and not res.timed_out, res
+        assert isinstance(res.error, (PeerFailed, PeerTimeout)), res.traceback
+        assert res.error.rank in (4, 5)
+    # At least one receiver names the dead sender (bridge rank 0).
+    assert any(res.error.peer == 0 for res in rollouts), [str(res.error) for res in rollouts]
+    assert seconds < WALL_S
+
+
+def test_receiver_killed_mid_run_raises_on_senders() -> None:
+    plan, results, _ = run_transfer(
+        TP2_TO_2xTP1, round_bytes=24 << 10, timeout_s=5.0, kill_after_round=0, kill_side="rollout", kill_rank=0,
+    )
+    assert not results[2].ok and results[2].exitcode == -9
+    trainers = results[:2]
+    errors = [res.error for res in trainers if not res.ok]
+    assert errors, "a trainer sending to a dead receiver must fail"
+    for e in errors:
+        assert isinstance(e, (PeerFailed, PeerTimeout)), e
+    assert all(not res.timed_out for res in results)
+
+
+def test_stalled_sender_gives_peer_timeout() -> None:
+    timeout_s = 3.0
+    plan, results, seconds = run_transfer(
+        TP2_TO_2xTP1, timeout_s=timeout_s, kill_after_round=-1, kill_side="none",
+        stall_trainer_s=timeout_s + 3,
+    )
+    for res in results[2:]:
+        assert not res.ok and isinstance(res.error, TransportError), res
+        assert isinstance(res.error, (PeerTimeout, PeerFailed))
+    assert any(isinstance(res.error, PeerTimeout) for res in results[2:])
+
+
+def test_corrupted_bytes_raise_checksum_error() -> None:
+    plan, results, _ = run_transfer(TP2_TO_2xTP1, checksums=True, corrupt=True)
+    for res in results[2:]:
+        assert not res.ok and isinstance(res.error, ChecksumError), res.traceback
+        assert res.error.peer in (0, 1)

@@ -1,0 +1,292 @@
+"""The control plane: typed messages on a key-value store, deadlines on every wait, failure fan-out.
+
+One :class:`ControlPlane` per rank and thread (a store client is not shared between
+threads; :meth:`ControlPlane.clone` opens another connection). It needs only the
+store operations ``set``, ``get``, ``check``, ``add`` and ``delete_key``, which
+``torch.distributed.TCPStore`` (between processes) and ``HashStore`` (threads, tests)
+both provide.
+
+Contracts:
+
+1. **Every wait has a deadline.** :meth:`ControlPlane.wait_for` is the only waiting
+   loop. It returns when every key exists (and ``ready`` accepts the values), and
+   otherwise raises :class:`PeerFailed` as soon as any rank publishes a failure in the
+   watched epoch or a watched rank's heartbeat stops, or :class:`DeadlineExceeded` at
+   the deadline. Nothing blocks in ``store.get`` on a key that may never come.
+2. **A failure reaches everyone.** A rank that fails for its own reason calls
+   :meth:`ControlPlane.publish_failure` before raising; every other member waiting in
+   that epoch raises ``PeerFailed`` carrying that rank's message. ``PeerFailed`` itself
+   is never re-published (the original message stays the one everyone sees).
+3. **Handshake before the first byte.** :meth:`ControlPlane.handshake` publishes this
+   rank's :class:`Hello` and waits for every member's; a disagreement on spec hash,
+   plan hash or dtypes raises :class:`HandshakeMismatch` on every member, naming both
+   ranks and values, before any bridge group exists.
+4. **Heartbeats.** A daemon thread increments ``P/hb/<rank>`` every ``heartbeat_s``; a
+   watched rank whose counter was seen moving and then stood still for
+   ``dead_after_s`` is reported dead (a killed process, or one stuck holding the GIL).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from weightbridge.sync.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed, RankId
+from weightbridge.sync.messages import Failure, Hello, Keys, M, decode, encode
+
+log = logging.getLogger(__name__)
+
+STORE_HOST = RankId("trainer", 0)  # trainer rank 0 hosts the TCPStore
+
+
+class Store(Protocol):
+    """The subset of ``torch.distributed.Store`` the control plane uses."""
+
+    def set(self, key: str, value: bytes | str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def add(self, key: str, value: int) -> int: ...
+    def delete_key(self, key: str) -> bool: ...
+
+
+def clone_store(store: Any) -> Any:
+    """A second client of the same store for another thread (TCPStore.clone), else the store itself."""
+    clone = getattr(store, "clone", None)
+    if clone is None:
+        return store
+    try:
+        return clone()
+    except RuntimeError:  # stores that cannot clone are thread-safe in-process maps (HashStore)
+        return store
+
+
+class HeartbeatMonitor:
+    """Tracks, on the local monotonic clock, when each watched rank's heartbeat last moved."""
+
+    def __init__(self, dead_after_s: float) -> None:
+        self.dead_after_s = dead_after_s
+        self._last: dict[RankId, tuple[int, float]] = {}
+
+    def observe(self, who: RankId, counter: int, now: float) -> None:
+        prev = self._last.get(who)
+        if prev is None or prev[0] != counter:
+            self._last[who] = (counter, now)
+
+    def silent_for(self, who: RankId, now: float) -> float | None:
+        """Seconds since ``who``'s counter last moved; None if it never beat while watched."""
+        prev = self._last.get(who)
+        if prev is None or prev[0] == 0:
+            return None
+        return now - prev[1]
+
+    def dead(self, who: RankId, now: float) -> bool:
+        silent = self.silent_for(who, now)
+        return silent is not None and silent > self.dead_after_s
+
+    def forget(self, who: RankId) -> None:
+        self._last.pop(who, None)
+
+
+class ControlPlane:
+    """One rank's view of the control store. See the module docstring for the contracts."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        me: RankId,
+        keys: Keys,
+        timeout_s: float,
+        heartbeat_s: float = 1.0,
+        dead_after_s: float | None = None,
+        monitor: HeartbeatMonitor | None = None,
+    ) -> None:
+        self.store = store
+        self.me = me
+        self.keys = keys
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.dead_after_s = dead_after_s if dead_after_s is not None else max(10 * heartbeat_s, 3.0)
+        self.monitor = monitor or HeartbeatMonitor(self.dead_after_s)
+        self._hb_thread: threading.Thread | None = None
+        self._hb_stop = threading.Event()
+        self._last_hb_check = 0.0
+
+    def clone(self) -> ControlPlane:
+        """A control plane on a new store connection, for another thread (shares nothing mutable)."""
+        return ControlPlane(
+            clone_store(self.store),
+            me=self.me,
+            keys=self.keys,
+            timeout_s=self.timeout_s,
+            heartbeat_s=self.heartbeat_s,
+            dead_after_s=self.dead_after_s,
+        )
+
+    # -- store access: every store error means the store host is gone ------------------------
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except RuntimeError as exc:  # DistStoreError / DistNetworkError subclass RuntimeError
+            raise PeerFailed(self.me, STORE_HOST, f"control store unreachable ({type(exc).__name__}: {exc})") from exc
+
+    def set(self, key: str, msg: Any) -> None:
+        self._call(self.store.set, key, encode(msg))
+
+    def get(self, key: str, cls: type[M]) -> M | None:
+        """The message at ``key``, or None if the key does not exist (never blocks)."""
+        if not self._call(self.store.check, [key]):
+            return None
+        return decode(self._call(self.store.get, key), cls)
+
+    def counter(self, key: str) -> int:
+        return int(self._call(self.store.add, key, 0))
+
+    def increment(self, key: str, by: int = 1) -> int:
+        return int(self._call(self.store.add, key, by))
+
+    def delete(self, key: str) -> None:
+        self._call(self.store.delete_key, key)
+
+    # -- deadlines ------------------------------------------------------------------------
+    def deadline(self, timeout_s: float | None = None) -> float:
+        return time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+
+    def wait_for(
+        self,
+        keys: Sequence[str],
+        deadline: float,
+        what: str,
+        *,
+        ready: Callable[[list[bytes]], bool] | None = None,
+        epoch: int | None = None,
+        watch: Iterable[RankId] = (),
+        stop: threading.Event | None = None,
+    ) -> list[bytes]:
+        """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their raw values.
+
+        Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` or a rank in
+        ``watch`` stops heart-beating, :class:`DeadlineExceeded` past ``deadline`` (a
+        ``time.monotonic()`` value). ``stop`` set by another thread ends the wait with
+        :class:`DeadlineExceeded` at once (used by ``close()``).
+        """
+        watch = tuple(w for w in watch if w != self.me)
+        sleep_s = 0.001
+        while True:
+            if epoch is not None:
+                self.raise_failures(epoch)
+            if not keys or self._call(self.store.check, list(keys)):
+                values = [self._call(self.store.get, k) for k in keys]
+                if ready is None or ready(values):
+                    return values
+            now = time.monotonic()
+            if watch and now - self._last_hb_check >= self.heartbeat_s / 2:
+                self._last_hb_check = now
+                self.check_heartbeats(watch, now)
+            if now > deadline or (stop is not None and stop.is_set()):
+                raise DeadlineExceeded(self.me, what, self.timeout_s)
+            time.sleep(sleep_s)
+            sleep_s = min(sleep_s * 2, 0.02)
+
+    def check_heartbeats(self, watch: Iterable[RankId], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for who in watch:
+            self.monitor.observe(who, self.counter(self.keys.heartbeat(who.key)), now)
+            if self.monitor.dead(who, now):
+                silent = self.monitor.silent_for(who, now) or 0.0
+                raise PeerFailed(self.me, who, f"no heartbeat for {silent:.1f}s (process died or hung)")
+
+    # -- failures -------------------------------------------------------------------------
+    def publish_failure(self, epoch: int, exc: BaseException) -> None:
+        """Tell every member of ``epoch`` that this rank failed with ``exc`` (best effort)."""
+        if isinstance(exc, (PeerFailed, HandshakeMismatch)):
+            return  # originated elsewhere, or seen by everyone already
+        msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__, message=str(exc))
+        try:
+            n = int(self.store.add(self.keys.failures(epoch), 1))
+            self.store.set(self.keys.failure(epoch, n), encode(msg))
+        except RuntimeError:
+            log.warning("%s: could not publish failure %s (store unreachable)", self.me, msg)
+
+    def failures(self, epoch: int) -> list[Failure]:
+        n = self.counter(self.keys.failures(epoch))
+        out = []
+        for i in range(1, n + 1):
+            got = self.get(self.keys.failure(epoch, i), Failure)
+            if got is not None:
+                out.append(got)
+        return out
+
+    def raise_failures(self, epoch: int) -> None:
+        if self.counter(self.keys.failures(epoch)) == 0:
+            return
+        for f in self.failures(epoch):
+            who = RankId(f.side, f.rank)
+            if who != self.me:
+                raise PeerFailed(self.me, who, f"{f.error}: {f.message}")
+
+    # -- handshake ------------------------------------------------------------------------
+    def handshake(
+        self,
+        hello: Hello,
+        members: Sequence[RankId],
+        expected_dtypes: Mapping[RankId, str],
+        deadline: float,
+    ) -> dict[RankId, Hello]:
+        """Publish ``hello``, wait for every member's, check agreement (contract 3)."""
+        epoch = hello.epoch
+        self.set(self.keys.hello(epoch, self.me.key), hello)
+        keys = [self.keys.hello(epoch, m.key) for m in members]
+        raw = self.wait_for(keys, deadline, f"hello of every member of epoch {epoch}", epoch=epoch, watch=members)
+        hellos = {m: decode(v, Hello) for m, v in zip(members, raw)}
+        check_hellos(self.me, hellos, expected_dtypes)
+        return hellos
+
+    # -- heartbeat thread -----------------------------------------------------------------
+    def start_heartbeat(self) -> None:
+        if self._hb_thread is not None:
+            return
+        store = clone_store(self.store)
+        key = self.keys.heartbeat(self.me.key)
+        self._hb_stop.clear()
+
+        def beat() -> None:
+            while not self._hb_stop.is_set():
+                try:
+                    store.add(key, 1)
+                except RuntimeError:
+                    return  # store host gone; waiters find out themselves
+                self._hb_stop.wait(self.heartbeat_s)
+
+        self._hb_thread = threading.Thread(target=beat, name=f"weightbridge-heartbeat-{self.me.key}", daemon=True)
+        self._hb_thread.start()
+
+    def stop_heartbeat(self) -> None:
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=2 * self.heartbeat_s + 1)
+            self._hb_thread = None
+
+
+def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Mapping[RankId, str]) -> None:
+    """Raise :class:`HandshakeMismatch` for the first disagreement, in a fixed order on every rank.
+
+    Order: spec hash, then plan hash (both compared with ``me``'s hello), then each
+    member's dtypes compared with what the spec says that rank holds.
+    """
+    mine = hellos[me]
+    order = sorted(hellos, key=lambda r: (r.side != "trainer", r.rank))
+    for field in ("spec_hash", "plan_hash", "epoch"):
+        for peer in order:
+            theirs = getattr(hellos[peer], field)
+            if theirs != getattr(mine, field):
+                raise HandshakeMismatch(me, field, str(getattr(mine, field)), peer, str(theirs))
+    for peer in order:
+        got = hellos[peer]
+        want = expected_dtypes.get(peer)
+        if want is not None and got.dtypes != want:
+            diffs = "; ".join(got.dtype_diffs) or f"digest {got.dtypes}"
+            raise HandshakeMismatch(me, "dtypes", f"the spec's dtypes for {peer} (digest {want})", peer, diffs)

@@ -1,0 +1,117 @@
+"""The seam between the control plane and the bytes: one bridge group per epoch, one run per push.
+
+:class:`TransportDataPlane` is the real one (:mod:`weightbridge.transport`: a standalone
+Gloo/NCCL group and the P2P executor). Anything with the same three methods can stand
+in for it (the unit tests move bytes through the store, in threads).
+
+Call sequence, on every member of an epoch (trainer ranks and the epoch's rollout ranks):
+
+1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=...)`` once per
+   epoch, after the handshake; returns when every member connected (or raises).
+2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=...)`` once per push, on every
+   member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
+   in the plan's exchange rounds and local copies).
+3. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from weightbridge.plan.types import TransferPlan
+
+
+class RunStats(NamedTuple):
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+
+
+class DataPlane(Protocol):
+    def connect(
+        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float
+    ) -> None: ...
+
+    def run(
+        self,
+        plan: TransferPlan,
+        *,
+        side: str,
+        rank: int,
+        tensors: Mapping[str, torch.Tensor],
+        dst: Mapping[str, torch.Tensor] | None,
+        tag: str,
+        on_round: Callable[[int], None] | None = None,
+    ) -> RunStats: ...
+
+    def close(self, abort: bool = False) -> None: ...
+
+
+class TransportDataPlane:
+    """The bridge group and executor of :mod:`weightbridge.transport`."""
+
+    def __init__(
+        self,
+        *,
+        transport: str = "auto",
+        device: torch.device | str = "cpu",
+        chunk_bytes: int | None = None,
+        checksums: bool = False,
+    ) -> None:
+        from weightbridge.transport.group import backend_for
+
+        self.device = torch.device(device)
+        self.backend = backend_for(transport, self.device)
+        self.chunk_bytes = chunk_bytes
+        self.checksums = checksums
+        self.group: Any = None
+
+    def connect(
+        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float
+    ) -> None:
+        from weightbridge.transport.group import create_bridge_group
+
+        self.close()
+        self.group = create_bridge_group(
+            store,
+            rank=bridge_rank,
+            world_size=world_size,
+            num_trainers=num_trainers,
+            backend=self.backend,  # type: ignore[arg-type]
+            timeout_s=timeout_s,
+            prefix=prefix,
+            device=self.device if self.backend == "nccl" else None,
+        )
+
+    def run(
+        self,
+        plan: TransferPlan,
+        *,
+        side: str,
+        rank: int,
+        tensors: Mapping[str, torch.Tensor],
+        dst: Mapping[str, torch.Tensor] | None,
+        tag: str,
+        on_round: Callable[[int], None] | None = None,
+    ) -> RunStats:
+        from weightbridge.transport.executor import Executor
+
+        kwargs: dict[str, Any] = {"side": side, "rank": rank, "device": self.device, "checksums": self.checksums}
+        if self.chunk_bytes is not None:
+            kwargs["chunk_bytes"] = self.chunk_bytes
+        t0 = time.perf_counter()
+        stats = Executor(plan, self.group, **kwargs).run(tensors, dst=dst, on_round=on_round)
+        return RunStats(
+            int(getattr(stats, "bytes_sent", 0)),
+            int(getattr(stats, "bytes_received", 0)),
+            float(getattr(stats, "seconds", time.perf_counter() - t0)),
+        )
+
+    def close(self, abort: bool = False) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            group.close(abort=abort)

@@ -1,0 +1,184 @@
+"""Typed control messages (pydantic, JSON on the store; never pickle) and the store key layout.
+
+Key layout, all under one ``prefix`` (default ``wb``; ``P`` below). ``S/R`` is a rank
+written ``trainer/1`` or ``rollout/3`` (spec numbering). ``E`` is a membership epoch.
+
+================================  =====================  ===============================================
+key                               value                  written by / when
+================================  =====================  ===============================================
+``P/join/S/R``                    :class:`Join`          every rank when it connects (a restart writes
+                                                         a new nonce); deleted by ``close()``
+``P/leave/S/R``                   :class:`Leave`         ``close()``
+``P/hb/S/R``                      int counter            the rank's heartbeat thread, ``store.add``
+``P/epoch``                       int counter            trainer 0: the newest epoch (0 = none yet)
+``P/e{E}/members``                :class:`Membership`    trainer 0, before announcing in epoch ``E``
+``P/e{E}/hello/S/R``              :class:`Hello`         every member entering epoch ``E``
+``P/e{E}/failures``               int counter            any member that fails in epoch ``E``
+``P/e{E}/fail/{n}``               :class:`Failure`       the ``n``-th failure of epoch ``E`` (n >= 1)
+``P/e{E}/pg/...``                 (transport)            the epoch's bridge-group rendezvous
+``P/ann``                         :class:`Announce`      trainer 0, once per push (latest only)
+``P/ack/staged/R``                :class:`Ack`           rollout rank ``R`` (latest), data complete
+``P/ack/applied/R``               :class:`Ack`           rollout rank ``R`` (latest), live weights = it
+================================  =====================  ===============================================
+
+Heartbeats are counters, not timestamps: a waiter notes when it last saw a counter
+change, on its own monotonic clock, so clock skew between hosts does not matter.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL = 1
+
+Side = Literal["trainer", "rollout"]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    protocol: int = PROTOCOL
+
+
+class Join(_Message):
+    """A rank connected (or reconnected: a new ``nonce``)."""
+
+    kind: Literal["join"] = "join"
+    side: Side
+    rank: int
+    instance: int  # rollout instance (0 for trainers)
+    nonce: str  # unique per process incarnation
+    pid: int
+    host: str
+
+
+class Leave(_Message):
+    """A rank closed its bridge on purpose."""
+
+    kind: Literal["leave"] = "leave"
+    side: Side
+    rank: int
+    nonce: str
+
+
+class Membership(_Message):
+    """Who takes part in epoch ``epoch``: every trainer rank and the listed rollout instances.
+
+    Rollout ranks are renumbered for the epoch's plan: plan rank ``j`` is
+    ``rollout_ranks[j]`` (spec numbering), bridge-group rank ``num_trainers + j``.
+    """
+
+    kind: Literal["members"] = "members"
+    epoch: int
+    num_trainers: int
+    instances: tuple[int, ...]  # spec instance indices, ascending
+    rollout_ranks: tuple[int, ...]  # spec rollout ranks, instance-major
+    reason: str  # why this epoch started (first push, join, failure, leave)
+
+
+class Hello(_Message):
+    """What a rank believes before the first byte of an epoch; all members must agree."""
+
+    kind: Literal["hello"] = "hello"
+    side: Side
+    rank: int
+    epoch: int
+    spec_hash: str
+    plan_hash: str
+    dtypes: str  # digest of the rank's real local tensor dtypes, name-sorted
+    dtype_diffs: tuple[str, ...] = ()  # "name: spec bfloat16, tensor float32" (first few)
+    nonce: str
+
+
+class Announce(_Message):
+    """Trainer 0 starts push number ``seq`` (version ``version``) in epoch ``epoch``."""
+
+    kind: Literal["announce"] = "announce"
+    seq: int
+    version: int
+    epoch: int
+
+
+class Ack(_Message):
+    """Rollout rank ``rank`` has version ``version`` (push ``seq``) ``staged`` or ``applied``."""
+
+    kind: Literal["ack"] = "ack"
+    rank: int
+    version: int
+    seq: int
+    epoch: int
+    stage: Literal["staged", "applied"]
+
+
+class Failure(_Message):
+    """Rank ``side rank`` failed; every member waiting in the epoch raises ``PeerFailed`` with this."""
+
+    kind: Literal["failure"] = "failure"
+    side: Side
+    rank: int
+    epoch: int
+    error: str  # exception type name
+    message: str
+
+
+AnyMessage = Annotated[
+    Union[Join, Leave, Membership, Hello, Announce, Ack, Failure], Field(discriminator="kind")
+]
+_ADAPTER: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
+
+M = TypeVar("M", bound=_Message)
+
+
+def encode(msg: _Message) -> bytes:
+    return msg.model_dump_json().encode()
+
+
+def decode(data: bytes | str, cls: type[M]) -> M:
+    """Parse ``data`` as ``cls``; raises ``pydantic.ValidationError`` on a foreign or corrupt value."""
+    msg = _ADAPTER.validate_json(data)
+    if not isinstance(msg, cls):
+        raise TypeError(f"expected a {cls.__name__} message, got {type(msg).__name__}")
+    return msg
+
+
+class Keys:
+    """The key layout above, as functions. ``who`` is a ``RankId.key`` such as ``rollout/3``."""
+
+    def __init__(self, prefix: str = "wb") -> None:
+        self.prefix = prefix.rstrip("/")
+
+    def join(self, who: str) -> str:
+        return f"{self.prefix}/join/{who}"
+
+    def leave(self, who: str) -> str:
+        return f"{self.prefix}/leave/{who}"
+
+    def heartbeat(self, who: str) -> str:
+        return f"{self.prefix}/hb/{who}"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.prefix}/epoch"
+
+    def members(self, epoch: int) -> str:
+        return f"{self.prefix}/e{epoch}/members"
+
+    def hello(self, epoch: int, who: str) -> str:
+        return f"{self.prefix}/e{epoch}/hello/{who}"
+
+    def failures(self, epoch: int) -> str:
+        return f"{self.prefix}/e{epoch}/failures"
+
+    def failure(self, epoch: int, n: int) -> str:
+        return f"{self.prefix}/e{epoch}/fail/{n}"
+
+    def group_prefix(self, epoch: int) -> str:
+        return f"{self.prefix}/e{epoch}/pg"
+
+    @property
+    def announce(self) -> str:
+        return f"{self.prefix}/ann"
+
+    def ack(self, stage: str, rollout_rank: int) -> str:
+        return f"{self.prefix}/ack/{stage}/{rollout_rank}"

@@ -1,0 +1,473 @@
+"""Execute a :class:`~weightbridge.plan.types.TransferPlan` on one rank of the bridge group.
+
+Every trainer rank and every rollout rank builds the same plan, creates the bridge group and
+runs one :class:`Executor` per update::
+
+    group = create_bridge_group(store, rank=..., world_size=S + R, num_trainers=S,
+                                backend="gloo", timeout_s=60)
+    ex = Executor(plan, group, side="trainer", rank=t, device=torch.device("cpu"))
+    stats = ex.run(trainer_tensors)                       # trainer: pack + send
+    ex = Executor(plan, group, side="rollout", rank=r, device=...)
+    stats = ex.run(live_params)                           # rollout: receive into live params
+    stats = ex.run(live_params, dst=staging)              # ... or into a staging dict
+
+**Per round** (ranks without a bucket in a round skip it; P2P needs no barrier):
+
+1. *pre*: allocate one contiguous ``uint8`` wire buffer per peer and direction (the bucket's
+   bytes, plus an 8-byte checksum trailer with ``checksums=True``); pack the send buckets from
+   the source tensors (:func:`~weightbridge.transport.pack.pack_items`: strided box copies,
+   cast to the wire dtype);
+2. *comm*: every buffer is cut into chunks of ``chunk_bytes`` (a pure function of the bucket
+   size, so both ends of a pair cut identically). Wave ``k`` issues chunk ``k`` of every
+   transfer of this rank as one P2P batch (NCCL: coalesced like ``dist.batch_isend_irecv``;
+   Gloo: individual async ``send``/``recv``), then waits for it with the group's deadline.
+   Wave ``k`` on a rank contains the send of a chunk iff wave ``k`` on the peer contains its
+   receive, so batches stay bounded and symmetric and cannot deadlock;
+3. *post*: verify checksums, unpack the received buckets into the destination
+   (:func:`~weightbridge.transport.pack.unpack_items`, casts to the destination dtype), free
+   the round's buffers.
+
+After the last round a rollout rank applies ``plan.local_copies`` to its destination.
+
+**Double buffering.** With ``overlap=True`` (default) *pre* and *post* run on one background
+worker thread (torch copies release the GIL; on CUDA they are queued on the same stream), in
+FIFO order: while the main thread drives round ``r``'s waves, the worker unpacks round
+``r-1`` and then packs round ``r+1``. Because ``post(r-1)`` frees round ``r-1``'s buffers before
+``pre(r+1)`` allocates, at most two rounds of wire buffers are alive, so the extra memory of a
+rank stays within ``2 x plan.round_bytes`` (+ 8 bytes per bucket with checksums); it is
+tracked in :attr:`ExecStats.peak_buffer_bytes`. A rollout rank's exchange sends (buckets with
+``src_side == "rollout"``, receiver de-replication) read data it received earlier, so for those
+rounds *pre* is queued after the previous round's *post*. ``overlap=False`` runs everything
+inline (for measurements).
+
+**Deadlines and errors.** Every wait is bounded by ``group.timeout_s``. A failure is raised as a
+:class:`~weightbridge.transport.errors.TransportError` subclass naming this bridge rank, the peer
+and the round: :class:`PeerTimeout` (deadline passed), :class:`PeerFailed` (connection closed,
+backend error), :class:`ChecksumError`. After any of them the group is unusable: close it
+(``group.close(abort=True)``) and re-create it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from weightbridge.layout.box import in_bounds
+from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, TransferPlan
+from weightbridge.transport.errors import ChecksumError, PeerTimeout, TransportError, classify
+from weightbridge.transport.group import BridgeGroup
+from weightbridge.transport.pack import apply_local_copies, pack_items, unpack_items
+
+CHECKSUM_BYTES = 8
+
+
+@dataclass
+class ExecStats:
+    """What one :meth:`Executor.run` did on one rank. Byte counts are payload (plan) bytes."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0  # wall time of run()
+    rounds: int = 0  # rounds this rank took part in
+    peak_buffer_bytes: int = 0  # max wire-buffer bytes alive at once (<= 2 x round_bytes)
+    round_seconds: list[float] = field(default_factory=list)  # per round taken part in: comm wall time
+    round_indices: list[int] = field(default_factory=list)  # plan round index of each entry above
+    pack_seconds: float = 0.0
+    unpack_seconds: float = 0.0
+    wait_seconds: float = 0.0  # main thread blocked on the worker (pack not ready / unpack not done)
+    chunks: int = 0  # P2P ops issued
+    local_copies: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Meter:
+    """Thread-safe count of wire-buffer bytes alive, with the peak."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.alive = 0
+        self.peak = 0
+
+    def alloc(self, n: int, device: torch.device) -> torch.Tensor:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        with self.lock:
+            self.alive += n
+            self.peak = max(self.peak, self.alive)
+        return buf
+
+    def free(self, n: int) -> None:
+        with self.lock:
+            self.alive -= n
+
+
+class _Inline:
+    """The worker interface, run on the calling thread (``overlap=False``)."""
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by fut.result()
+            fut.set_exception(exc)
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+class _Transfer:
+    """One bucket of one round seen from this rank: a wire buffer to send or to receive."""
+
+    __slots__ = ("bucket", "peer", "send", "buf", "nbytes")
+
+    def __init__(self, bucket: Bucket, peer: int, send: bool, nbytes: int) -> None:
+        self.bucket = bucket
+        self.peer = peer
+        self.send = send
+        self.nbytes = nbytes  # wire bytes incl. checksum trailer
+        self.buf: torch.Tensor | None = None
+
+
+def chunk_bounds(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """How a wire buffer of ``nbytes`` is cut into P2P chunks (identical on both ends)."""
+    if nbytes <= 0:
+        return []
+    return [(lo, min(lo + chunk_bytes, nbytes)) for lo in range(0, nbytes, chunk_bytes)]
+
+
+def checksum(data: torch.Tensor) -> int:
+    """Checksum of a 1-D uint8 tensor: CRC-32 on CPU; a position-weighted sum on other devices."""
+    if data.device.type == "cpu":
+        return zlib.crc32(data.numpy()) if data.numel() else 0
+    total = torch.zeros((), dtype=torch.int64, device=data.device)
+    step = 1 << 24
+    for lo in range(0, data.numel(), step):
+        x = data[lo : lo + step].to(torch.int64)
+        w = torch.arange(lo, lo + x.numel(), dtype=torch.int64, device=data.device) % 1_000_003 + 1
+        total += (x * w).sum()
+    return int(total.item())
+
+
+def _write_trailer(buf: torch.Tensor, n: int, value: int) -> None:
+    buf[n : n + CHECKSUM_BYTES].copy_(torch.tensor([value], dtype=torch.int64).view(torch.uint8).to(buf.device))
+
+
+def _read_trailer(buf: torch.Tensor, n: int) -> int:
+    return int(buf[n : n + CHECKSUM_BYTES].cpu().clone().view(torch.int64)[0])
+
+
+def wait_work(
+    group: BridgeGroup,
+    work: Any,
+    *,
+    peers: Sequence[int],
+    round_index: int | None,
+    what: str,
+    deadline: float | None = None,
+) -> None:
+    """Wait for one backend ``Work`` within the group's deadline; raise a typed error naming ``peers[0]``."""
+    if deadline is None:
+        deadline = time.monotonic() + group.timeout_s
+    peer = peers[0] if peers else None
+    others = f" (batch with peers {sorted(set(peers))})" if len(set(peers)) > 1 else ""
+    try:
+        if group.backend == "gloo":
+            remaining = max(deadline - time.monotonic(), 0.001)
+            work.wait(datetime.timedelta(seconds=remaining))
+            return
+        # NCCL: wait() only orders streams; poll for completion to enforce the deadline on the host.
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise PeerTimeout(group.rank, peer, round_index, f"{what}{others}: no completion within {group.timeout_s:g} s")
+            time.sleep(0.0002)
+        work.wait()
+    except TransportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every backend failure becomes a typed error
+        desc = group.describe_rank(peer) if peer is not None else "?"
+        raise classify(exc)(group.rank, peer, round_index, f"{what} with {desc}{others}: {exc}") from exc
+
+
+class Executor:
+    """Runs ``plan`` on one rank. Reusable: call :meth:`run` once per update (same plan).
+
+    Parameters
+    ----------
+    plan : the plan every rank built (same ``plan_hash`` everywhere: the control plane checks it).
+    group : the bridge group; ``group.rank`` must be this rank's bridge rank.
+    side, rank : this process's side and rank within its side.
+    device : where the wire buffers live for NCCL (the CUDA device); Gloo buffers are on CPU.
+    chunk_bytes : P2P chunk size; must be equal on every rank (it shapes the batches).
+    checksums : append a checksum to every bucket and verify it on receipt; equal on every rank.
+    overlap : double-buffer pack/unpack on a worker thread (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        plan: TransferPlan,
+        group: BridgeGroup,
+        *,
+        side: Literal["trainer", "rollout"],
+        rank: int,
+        device: torch.device | str,
+        chunk_bytes: int = 64 << 20,
+        checksums: bool = False,
+        overlap: bool = True,
+    ) -> None:
+        if side not in (TRAINER, ROLLOUT):
+            raise ValueError(f"side must be 'trainer' or 'rollout', got {side!r}")
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        if plan.num_senders != group.num_trainers or plan.num_senders + plan.num_receivers != group.world_size:
+            raise ValueError(
+                f"plan is for {plan.num_senders} trainer + {plan.num_receivers} rollout ranks, but the bridge "
+                f"group has {group.num_trainers} trainer ranks in a world of {group.world_size}"
+            )
+        me = group.bridge_rank(side, rank)
+        if me != group.rank:
+            raise ValueError(f"{side} rank {rank} is bridge rank {me}, but the group was created with rank {group.rank}")
+        self.plan = plan
+        self.group = group
+        self.side = side
+        self.rank = rank
+        self.me = me
+        self.device = torch.device(device)
+        self.wire_device = group.device if group.backend == "nccl" and group.device is not None else (
+            self.device if group.backend == "nccl" else torch.device("cpu")
+        )
+        self.chunk_bytes = int(chunk_bytes)
+        self.checksums = bool(checksums)
+        self.overlap = bool(overlap)
+        self.trailer = CHECKSUM_BYTES if checksums else 0
+        # (round index, sends, recvs) for the rounds this rank takes part in, in plan order.
+        self.my_rounds: list[tuple[int, list[Bucket], list[Bucket]]] = []
+        for rnd in plan.rounds:
+            sends = [b for b in rnd.buckets if b.src_side == side and b.sender == rank]
+            recvs = [b for b in rnd.buckets if side == ROLLOUT and b.receiver == rank]
+            if sends or recvs:
+                self.my_rounds.append((rnd.index, sends, recvs))
+        self.local_copies = [c for c in plan.local_copies if side == ROLLOUT and c.rank == rank]
+
+    # -- bridge ranks -------------------------------------------------------
+    def _sender_bridge(self, b: Bucket) -> int:
+        return self.group.bridge_rank(b.src_side, b.sender)
+
+    def _receiver_bridge(self, b: Bucket) -> int:
+        return self.group.bridge_rank(ROLLOUT, b.receiver)
+
+    # -- checks -------------------------------------------------------------
+    def check_tensors(self, source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor] | None) -> None:
+        """Raise ``ValueError`` (before any byte moves) when a tensor the plan names is missing or too small."""
+        problems: list[str] = []
+
+        def check(m: Mapping[str, torch.Tensor], name: str, box, role: str) -> None:
+            t = m.get(name)
+            if t is None:
+                problems.append(f"{role} tensor {name!r} missing")
+            elif not in_bounds(box, tuple(t.shape)):
+                problems.append(f"{role} tensor {name!r} of shape {list(t.shape)} does not contain box {list(box)}")
+
+        for _, sends, recvs in self.my_rounds:
+            for b in sends:
+                for it in b.items:
+                    check(source, it.src_tensor, it.src_box, "source")
+            for b in recvs:
+                for it in b.items:
+                    check(target or {}, it.dst_tensor, it.dst_box, "destination")
+            if len(problems) > 20:
+                break
+        for c in self.local_copies:
+            check(target or {}, c.src_tensor, c.src_box, "local-copy source")
+            check(target or {}, c.dst_tensor, c.dst_box, "local-copy destination")
+        if problems:
+            more = "" if len(problems) <= 10 else f" (+{len(problems) - 10} more)"
+            raise ValueError(f"{self.side} rank {self.rank}: " + "; ".join(problems[:10]) + more)
+
+    # -- run ----------------------------------------------------------------
+    def run(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        dst: Mapping[str, torch.Tensor] | None = None,
+        *,
+        on_round: Callable[[int, ExecStats], None] | None = None,
+    ) -> ExecStats:
+        """Move this rank's part of the update.
+
+        Trainer: packs from ``tensors`` (its local tensors by IR name) and sends; ``dst`` is unused.
+        Rollout: receives into ``dst`` when given (a staging dict) else into ``tensors`` (live
+        parameters, in place); exchange buckets are sent from that same destination; finally
+        ``plan.local_copies`` of this rank are applied to it.
+        ``on_round(round_index, stats)`` is called on the calling thread after each round's
+        transfers completed (its unpack may still be running on the worker).
+        """
+        if self.group.pg is None:
+            raise TransportError(self.me, None, None, "the bridge group is closed")
+        t0 = time.perf_counter()
+        stats = ExecStats()
+        if self.side == TRAINER:
+            source, target = tensors, None
+        else:
+            target = dst if dst is not None else tensors
+            source = target
+        self.check_tensors(source, target)
+        meter = _Meter()
+        if self.overlap and len(self.my_rounds) > 0:
+            init = None
+            if self.wire_device.type == "cuda":
+                dev = self.wire_device
+
+                def init() -> None:
+                    torch.cuda.set_device(dev)
+
+            worker: Any = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+        else:
+            worker = _Inline()
+        lock = threading.Lock()  # guards the stats the worker updates
+
+        def pre(i: int) -> list[_Transfer]:
+            _, sends, recvs = self.my_rounds[i]
+            ts = time.perf_counter()
+            out: list[_Transfer] = []
+            for b in recvs:
+                tr = _Transfer(b, self._sender_bridge(b), False, b.nbytes + self.trailer)
+                tr.buf = meter.alloc(tr.nbytes, self.wire_device)
+                out.append(tr)
+            for b in sends:
+                tr = _Transfer(b, self._receiver_bridge(b), True, b.nbytes + self.trailer)
+                tr.buf = meter.alloc(tr.nbytes, self.wire_device)
+                pack_items(b.items, source, tr.buf)
+                if self.checksums:
+                    _write_trailer(tr.buf, b.nbytes, checksum(tr.buf[: b.nbytes]))
+                self._after_pack(self.my_rounds[i][0], tr.peer, tr.buf)
+                out.append(tr)
+            with lock:
+                stats.pack_seconds += time.perf_counter() - ts
+            return out
+
+        def post(i: int, transfers: list[_Transfer]) -> None:
+            ridx = self.my_rounds[i][0]
+            ts = time.perf_counter()
+            try:
+                for tr in transfers:
+                    if tr.send:
+                        continue
+                    b, buf = tr.bucket, tr.buf
+                    assert buf is not None
+                    if self.checksums:
+                        want, got = _read_trailer(buf, b.nbytes), checksum(buf[: b.nbytes])
+                        if want != got:
+                            raise ChecksumError(
+                                self.me, tr.peer, ridx,
+                                f"bucket of {b.nbytes} B from {self.group.describe_rank(tr.peer)}: "
+                                f"checksum {got:#x}, sender sent {want:#x}",
+                            )
+                    unpack_items(b.items, buf, target)  # type: ignore[arg-type]
+            finally:
+                for tr in transfers:
+                    tr.buf = None
+                    meter.free(tr.nbytes)
+                transfers.clear()
+                with lock:
+                    stats.unpack_seconds += time.perf_counter() - ts
+
+        n = len(self.my_rounds)
+        # Rollout exchange sends read what earlier rounds received: pack them only after the previous unpack.
+        dependent = [self.side == ROLLOUT and bool(self.my_rounds[i][1]) for i in range(n)]
+        try:
+            pending_pre: cf.Future | None = worker.submit(pre, 0) if n else None
+            last_post: cf.Future | None = None
+            for i in range(n):
+                ridx, sends, recvs = self.my_rounds[i]
+                tw = time.perf_counter()
+                assert pending_pre is not None
+                transfers = pending_pre.result()
+                stats.wait_seconds += time.perf_counter() - tw
+                pending_pre = None
+                if i + 1 < n and not dependent[i + 1]:
+                    pending_pre = worker.submit(pre, i + 1)  # overlaps this round's waves
+                tc = time.perf_counter()
+                stats.chunks += self._exchange(ridx, transfers)
+                stats.round_seconds.append(time.perf_counter() - tc)
+                stats.round_indices.append(ridx)
+                stats.rounds += 1
+                stats.bytes_sent += sum(b.nbytes for b in sends)
+                stats.bytes_received += sum(b.nbytes for b in recvs)
+                last_post = worker.submit(post, i, transfers)
+                transfers = []
+                if i + 1 < n and dependent[i + 1]:
+                    pending_pre = worker.submit(pre, i + 1)
+                if on_round is not None:
+                    on_round(ridx, stats)
+            if last_post is not None:
+                tw = time.perf_counter()
+                last_post.result()
+                stats.wait_seconds += time.perf_counter() - tw
+        finally:
+            worker.shutdown(wait=True, cancel_futures=True)
+        if self.local_copies:
+            stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
+        if self.wire_device.type == "cuda":
+            torch.cuda.current_stream(self.wire_device).synchronize()
+        stats.peak_buffer_bytes = meter.peak
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
+        """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
+
+    # -- comm ---------------------------------------------------------------
+    def _exchange(self, round_index: int, transfers: list[_Transfer]) -> int:
+        """All chunks of one round, wave by wave; returns the number of P2P ops issued."""
+        cuts = [chunk_bounds(tr.nbytes, self.chunk_bytes) for tr in transfers]
+        waves = max((len(c) for c in cuts), default=0)
+        issued = 0
+        for k in range(waves):
+            ops = [(tr, cut[k]) for tr, cut in zip(transfers, cuts) if k < len(cut)]
+            works = self._issue(round_index, ops, k, waves)
+            issued += len(ops)
+            deadline = time.monotonic() + self.group.timeout_s
+            for work, peers, what in works:
+                wait_work(self.group, work, peers=peers, round_index=round_index, what=what, deadline=deadline)
+        return issued
+
+    def _issue(self, round_index: int, ops: list[tuple[_Transfer, tuple[int, int]]], k: int, waves: int):
+        """Issue one wave. Returns ``[(work, peers, description)]``."""
+        pg = self.group.pg
+        if pg is None:
+            raise TransportError(self.me, None, round_index, "the bridge group is closed")
+
+        def desc(tr: _Transfer, lo: int, hi: int) -> str:
+            verb = "sending" if tr.send else "receiving"
+            return f"{verb} chunk {k + 1}/{waves} ({hi - lo} B)"
+
+        out = []
+        coalesce = self.group.backend == "nccl"
+        try:
+            if coalesce:
+                pg._start_coalescing()
+            for tr, (lo, hi) in ops:
+                assert tr.buf is not None
+                part = tr.buf[lo:hi]
+                work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
+                if not coalesce:
+                    out.append((work, [tr.peer], desc(tr, lo, hi)))
+            if coalesce:
+                work = pg._end_coalescing()
+                peers = [tr.peer for tr, _ in ops]
+                out.append((work, peers, f"P2P batch {k + 1}/{waves} ({len(ops)} ops)"))
+        except TransportError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            peer = ops[0][0].peer if ops else None
+            raise classify(exc)(self.me, peer, round_index, f"issuing P2P ops: {exc}") from exc
+        return out
