@@ -74,7 +74,9 @@ def materialise(t: LocalTensor, canon: CanonicalIds) -> np.ndarray:
         assert p.canonical in canon.arrays, f"{t.name}: unknown canonical {p.canonical}"
         cshape = canon.arrays[p.canonical].shape
         assert in_bounds(p.local_box, t.shape), f"{t.name}: local box {format_box(p.local_box)} outside {t.shape}"
-        assert in_bounds(p.canonical_box, cshape), f"{t.name}: {p.canonical}{format_box(p.canonical_box)} outside {cshape}"
+        assert in_bounds(p.canonical_box, cshape), (
+            f"{t.name}: {p.canonical}{format_box(p.canonical_box)} outside {cshape}"
+        )
         assert box_numel(p.local_box) == box_numel(p.canonical_box), f"{t.name}: piece sizes differ: {p}"
         src = canon.arrays[p.canonical][slices(p.canonical_box)]
         if p.transpose:
@@ -114,10 +116,10 @@ def coverage_counts(ranks: Iterable[RankLayout], canon: CanonicalIds, cache_: di
         key = id(r.tensors)
         if key not in cache_:
             cache_[key] = materialise_rank(r, canon)
-        for arr in cache_[key].values():
-            vals = arr[arr != UNWRITTEN]
-            if vals.size:
-                counts += np.bincount(vals, minlength=canon.total) * mult
+        vals = [arr[arr != UNWRITTEN] for arr in cache_[key].values()]
+        vals = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
+        if vals.size:
+            counts += np.bincount(vals, minlength=canon.total) * mult
     return counts
 
 

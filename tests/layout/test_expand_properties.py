@@ -26,14 +26,16 @@ import sys
 import textwrap
 from functools import cache
 from math import prod
+from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from weightbridge.layout.coverage import tiling_problems, uncovered
-from weightbridge.layout.ir import CanonicalModel, RankLayout
+from weightbridge.layout.expand import SideConfig
+from weightbridge.layout.ir import CanonicalModel, RankLayout, SideLayout
 from weightbridge.layout.mesh import stage_layers
 
 from ._materialise import (
@@ -69,11 +71,24 @@ def divisors(n: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_layout(side: str, preset: str, mesh: dict, model_name: str, instances: int = 1) -> None:
+def check_layout(side: str, preset: str, mesh: dict, model_name: str, instances: int = 1, **spec) -> None:
     model = tiny_model(model_name)
-    canon = ids_of(model_name)
-    cfg, layout, problems = build(side, preset, mesh, model, instances)
-    assert problems == [], f"{preset} {mesh} on {model_name}: {[p.message for p in problems]}"
+    cfg, layout, problems = build(side, preset, mesh, model, instances, **spec)
+    label = f"{preset} {mesh} x{instances} {spec or ''} on {model_name}"
+    assert problems == [], f"{label}: {[p.message for p in problems]}"
+    check_expanded(cfg, layout, model, ids_of(model_name), label)
+    # (c) determinism and JSON round trip
+    _, again, problems2 = build(side, preset, mesh, model, instances, **spec)
+    assert problems2 == []
+    assert again.ranks == layout.ranks
+    assert again.digest() == layout.digest()
+    for rank, _ in unique_layouts(layout.ranks):
+        assert RankLayout.from_json(json.loads(json.dumps(rank.to_json()))) == rank
+
+
+def check_expanded(cfg: SideConfig, layout: SideLayout, model: CanonicalModel, canon: CanonicalIds, label: str) -> None:
+    """Properties (a), (b), (d) of one expanded side (``label`` names it in messages)."""
+    side, mesh, instances = cfg.side, dict(cfg.mesh), cfg.instances
     assert layout.ranks, "a valid mesh must give ranks"
     per_instance = cfg.family.world_size(mesh)
     assert layout.world_size == per_instance * instances
@@ -116,8 +131,8 @@ def check_layout(side: str, preset: str, mesh: dict, model_name: str, instances:
         for t in model.tensors:
             off = canon.offsets[t.name]
             c = counts[off : off + prod(t.shape)]
-            assert c.min() >= 1, f"{preset} {mesh}: {t.name}: {(c == 0).sum()} elements held by no rank"
-            assert c.min() == c.max(), f"{preset} {mesh}: {t.name} held {c.min()}..{c.max()} times (partial overlap)"
+            assert c.min() >= 1, f"{label}: {t.name}: {(c == 0).sum()} elements held by no rank"
+            assert c.min() == c.max(), f"{label}: {t.name} held {c.min()}..{c.max()} times (partial overlap)"
         assert uncovered(model, group) == {}
 
     # (d) unwritten local elements: only in padding rules' tensors, as trailing whole rows
@@ -126,20 +141,14 @@ def check_layout(side: str, preset: str, mesh: dict, model_name: str, instances:
             mask = a == UNWRITTEN
             if not mask.any():
                 continue
-            assert any(p.match(name) for p in pads), f"{name}: {mask.sum()} unwritten elements, but its rule does not pad"
+            assert any(p.match(name) for p in pads), (
+                f"{name}: {mask.sum()} unwritten elements, but its rule does not pad"
+            )
             rows = mask.reshape(a.shape[0], -1)
             full = rows.all(axis=1)
             assert (rows.any(axis=1) == full).all(), f"{name}: padding is not whole rows"
             first_pad = int(np.argmax(full))
             assert full[first_pad:].all() and not full[:first_pad].any(), f"{name}: padding rows are not trailing"
-
-    # (c) determinism and JSON round trip
-    _, again, problems2 = build(side, preset, mesh, model, instances)
-    assert problems2 == []
-    assert again.ranks == layout.ranks
-    assert again.digest() == layout.digest()
-    for rank, _ in unique_layouts(layout.ranks):
-        assert RankLayout.from_json(json.loads(json.dumps(rank.to_json()))) == rank
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,6 +156,13 @@ def check_layout(side: str, preset: str, mesh: dict, model_name: str, instances:
 # ---------------------------------------------------------------------------------------------
 
 models = st.sampled_from(TINY_MODELS)
+
+
+@st.composite
+def stage_sizes(draw, layers: int, pp: int):
+    """Layers per stage, each at least one, summing to ``layers``."""
+    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=pp - 1, max_size=pp - 1, unique=True)))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
 
 
 @st.composite
@@ -158,10 +174,14 @@ def megatron_mesh(draw):
     tp = draw(st.sampled_from([d for d in (1, 2, 4, 8) if groups % d == 0]))
     cp = draw(st.sampled_from([1, 2]))
     dp = draw(st.sampled_from([1, 2, 3, 4]))
-    pp = draw(st.sampled_from(divisors(p["num_layers"])))
+    pp = draw(st.integers(1, p["num_layers"]))
+    spec = {}
+    if pp > 1 and (p["num_layers"] % pp or draw(st.booleans())):
+        spec["pipeline"] = {"layers": draw(stage_sizes(p["num_layers"], pp))}  # uneven stages, given explicitly
     mesh = {"tp": tp, "dp": dp, "pp": pp}
     if cp > 1:
         mesh["cp"] = cp
+    assume(tp * cp * dp * pp <= 64)
     dense = tp * cp * dp
     etp = draw(st.sampled_from([None, 1, tp]))
     e = tp if etp is None else etp
@@ -172,36 +192,42 @@ def megatron_mesh(draw):
         mesh["ep"] = ep
     if etp is not None:
         mesh["etp"] = etp
-    return name, mesh
+    return name, mesh, spec
 
 
 @st.composite
 def fsdp2_mesh(draw):
     name = draw(models)
-    mesh = {"dp": draw(st.integers(1, 9)), "tp": draw(st.sampled_from([1, 2, 4, 8]))}
+    mesh = {"dp": draw(st.integers(1, 8)), "tp": draw(st.sampled_from([1, 2, 4, 8]))}
     if draw(st.booleans()):
-        mesh["dp_replicate"] = draw(st.integers(1, 3))
+        mesh["dp_replicate"] = draw(st.integers(1, 2))
     if draw(st.booleans()):
         mesh["cp"] = 2
+    assume(prod(mesh.values()) <= 64)  # keeps each example well under a second
     return name, mesh
 
 
 @st.composite
-def engine_mesh(draw):
+def engine_mesh(draw, preset):
     name = draw(models)
     p = params(name)
     tp = draw(st.sampled_from([1, 2, 4, 8]))
     mesh = {"tp": tp, "pp": draw(st.integers(1, p["num_layers"]))}
-    if draw(st.booleans()) and tp > 1:
-        mesh["ep"] = tp
-    return name, mesh, draw(st.integers(1, 3))
+    # vLLM: ep = 1 or tp; SGLang: any divisor of tp (moe_tp = tp / ep)
+    ep = draw(st.sampled_from([1, tp] if preset == "vllm" else divisors(tp)))
+    if ep > 1:
+        mesh["ep"] = ep
+    spec = {}
+    if mesh["pp"] > 1 and draw(st.booleans()):
+        spec["pipeline"] = {"layers": draw(stage_sizes(p["num_layers"], mesh["pp"]))}
+    return name, mesh, draw(st.integers(1, 3)), spec
 
 
 @PROPS
 @given(megatron_mesh())
 def test_megatron_layouts(case):
-    name, mesh = case
-    check_layout("trainer", "megatron", mesh, name)
+    name, mesh, spec = case
+    check_layout("trainer", "megatron", mesh, name, **spec)
 
 
 @PROPS
@@ -218,10 +244,17 @@ def test_hf_layouts(name, dp):
 
 
 @PROPS
-@given(engine_mesh(), st.sampled_from(["vllm", "sglang"]))
-def test_engine_layouts(case, preset):
-    name, mesh, instances = case
-    check_layout("rollout", preset, mesh, name, instances)
+@given(engine_mesh("vllm"))
+def test_vllm_layouts(case):
+    name, mesh, instances, spec = case
+    check_layout("rollout", "vllm", mesh, name, instances, **spec)
+
+
+@PROPS
+@given(engine_mesh("sglang"))
+def test_sglang_layouts(case):
+    name, mesh, instances, spec = case
+    check_layout("rollout", "sglang", mesh, name, instances, **spec)
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)
@@ -235,6 +268,20 @@ def test_spec_example_meshes(name):
     if p["num_layers"] % 2 == 0:
         check_layout("trainer", "megatron", {"tp": 2, "pp": 2, "dp": 2}, name)
     check_layout("trainer", "megatron", {"tp": 2, "dp": 8, "ep": 8, "etp": 1}, name)
+
+
+def test_tiny_spec_example_resolves_and_tiles():
+    """spec/examples/tiny_fsdp2_to_vllm.yaml through check_spec, then the same properties."""
+    from weightbridge.spec.resolve import check_spec, side_config
+
+    path = Path(__file__).resolve().parents[2] / "spec" / "examples" / "tiny_fsdp2_to_vllm.yaml"
+    resolved, problems = check_spec(path)
+    assert problems == [] and resolved is not None
+    canon = CanonicalIds.of(resolved.canonical)
+    for side in ("trainer", "rollout"):
+        cfg = side_config(side, getattr(resolved.spec, side))
+        check_expanded(cfg, resolved.side(side), resolved.canonical, canon, f"{path.name} {side}")
+    assert resolved.rollout.num_instances == 2 and resolved.rollout.world_size == 4
 
 
 def test_layout_hash_stable_across_processes():
@@ -285,7 +332,13 @@ def test_layout_hash_stable_across_processes():
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         res = subprocess.run(
-            [sys.executable, "-c", script], input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=60
+            [sys.executable, "-c", script],
+            input=json.dumps(payload),
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
         )
         assert res.returncode == 0, res.stderr
         digests.append(json.loads(res.stdout))
@@ -308,7 +361,8 @@ INVALID = [
     ("tiny-llama", "trainer", "hf", {"tp": 2}, "tp"),
     ("tiny-llama", "rollout", "vllm", {"tp": 3}, "tp"),
     ("tiny-qwen3-moe", "rollout", "vllm", {"tp": 4, "ep": 2}, "ep"),
-    ("tiny-qwen3-moe", "rollout", "sglang", {"tp": 6, "ep": 6}, ""),
+    ("tiny-qwen3-moe", "rollout", "sglang", {"tp": 4, "ep": 3}, "ep"),
+    ("tiny-qwen3-moe", "rollout", "sglang", {"tp": 8, "ep": 8 * 2}, "ep"),
     ("tiny-llama", "rollout", "vllm", {"dp": 2}, "dp"),
 ]
 

@@ -100,12 +100,12 @@ def common_refinement(a: Sequence[int], b: Sequence[int]) -> Shape | None:
     ``[24]`` and ``[4, 6]`` refine to ``[4, 6]``; ``[4, 6]`` and ``[2, 4, 3]`` to
     ``[2, 2, 2, 3]``. None when the prefix products do not form a divisibility
     chain (``[6, 4]`` vs ``[4, 6]``), i.e. the two views do not nest.
-    Unit dimensions are dropped; both shapes must have the same numel.
+    Unit dimensions are dropped; both shapes must have the same, non-zero numel.
     """
     a = [n for n in a if n != 1]
     b = [n for n in b if n != 1]
-    if prod(a) != prod(b):
-        return None
+    if prod(a) != prod(b) or 0 in a or 0 in b:
+        return None  # different sizes, or empty: nothing to align
     pa, pb = _prefix_products(a), _prefix_products(b)
     cuts = sorted(set(pa) | set(pb))
     for lo, hi in zip(cuts, cuts[1:]):

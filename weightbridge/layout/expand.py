@@ -119,6 +119,12 @@ def _chunk(lo: int, hi: int, op: ShardOp, size: int, coord: int, blocks: int | N
     else:
         unit, units = 1, length
     if units < size and blocks is not None and not op.uneven:
+        if not op.replicate:
+            raise _Problem(
+                f"{what}: {units} blocks of dim {op.dim} are fewer than {op.axis}={size} ranks",
+                f"choose {op.axis} <= {units}" + ("" if size % units else ", or set replicate: true if the framework replicates them"),
+                axis=op.axis,
+            )
         if size % units:
             raise _Problem(
                 f"{what}: {units} blocks of dim {op.dim} cannot be replicated evenly over {op.axis}={size}",
@@ -448,7 +454,7 @@ class _Expander:
             rows.append(shape[dim] // groups)
         g0, g1 = 0, groups
         if spec.axis is not None:
-            op = ShardOp(dim=dim, axis=spec.axis, blocks=groups)
+            op = ShardOp(dim=dim, axis=spec.axis, blocks=groups)  # whole groups per rank, never replicated
             g0, g1 = _chunk(0, groups, op, self._axis_size(spec.axis), coords.get(spec.axis, 0), groups, f"{local} groups")
         per_group = sum(rows)
         pieces = []

@@ -37,8 +37,12 @@ class ShardOp(_Strict):
     axis: str = Field(description="Mesh axis name (tp, dp, ep, etp, ...).")
     blocks: IntExpr | None = Field(
         default=None,
-        description="Split the extent into this many equal blocks (e.g. num_kv_heads) and deal blocks to ranks; "
-        "with fewer blocks than ranks, each block is replicated on size/blocks consecutive ranks.",
+        description="Split the extent into this many equal blocks (e.g. num_kv_heads) and deal whole blocks to ranks.",
+    )
+    replicate: bool = Field(
+        default=False,
+        description="With fewer blocks than ranks, replicate each block on size/blocks consecutive ranks "
+        "(vLLM's KV heads when tp > num_kv_heads); otherwise that is an error.",
     )
     uneven: bool = Field(default=False, description="Allow torch.chunk-style uneven chunks (FSDP2); else sizes must divide.")
 
