@@ -7,6 +7,31 @@
 * :mod:`.errors` — typed errors naming the rank, the peer and the round;
 * :mod:`.localrun` — helpers for tests, benchmarks and demos: canonical tensors, materialising a
   rank's local tensors from its IR, launching local processes with a hard deadline.
+
+One update, on every rank (S trainer ranks, R rollout ranks; bridge rank = t, or S + r)::
+
+    store = open_store(host, port, is_master=(bridge_rank == 0), timeout_s=t)     # or reuse one
+    group = create_bridge_group(store, rank=bridge_rank, world_size=S + R, num_trainers=S,
+                                backend=backend_for(sync.transport, device), timeout_s=t,
+                                prefix="wb/data/epoch3")                          # new prefix = new group
+    ex = Executor(plan, group, side="trainer" | "rollout", rank=side_rank, device=device,
+                  chunk_bytes=64 << 20, checksums=False)   # chunk_bytes/checksums equal on all ranks
+    stats = ex.run(local_tensors)                  # trainer: send
+    stats = ex.run(live_params, dst=staging)       # rollout: receive into staging (or in place: dst=None)
+    ...
+    group.close(abort=failed)
+
+Contract:
+
+* every rank builds the same plan (compare ``plan.plan_hash`` first) and the same
+  ``chunk_bytes`` / ``checksums``; tensors are named as in the IR (``LocalTensor.name``);
+* an :class:`Executor` may be reused for many updates of the same plan (it keeps its wire slabs,
+  at most ``2 x plan.round_bytes``; ``keep_buffers=False`` or ``release_buffers()`` frees them);
+* on a rollout rank only the boxes named by the plan (and its local copies) are written;
+  padding is untouched; nothing is written before the corresponding bytes arrived;
+* any :class:`TransportError` (``PeerTimeout``, ``PeerFailed``, ``ChecksumError``) leaves the
+  group unusable and the destination possibly partly written (torn): close the group with
+  ``abort=True`` and create a new one (new ``prefix``) before the next update.
 """
 
 from weightbridge.transport.errors import ChecksumError, PeerFailed, PeerTimeout, TransportError

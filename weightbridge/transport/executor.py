@@ -1,7 +1,7 @@
 """Execute a :class:`~weightbridge.plan.types.TransferPlan` on one rank of the bridge group.
 
 Every trainer rank and every rollout rank builds the same plan, creates the bridge group and
-runs one :class:`Executor` per update::
+runs an :class:`Executor` (reusable for every update of the same plan)::
 
     group = create_bridge_group(store, rank=..., world_size=S + R, num_trainers=S,
                                 backend="gloo", timeout_s=60)
@@ -13,8 +13,9 @@ runs one :class:`Executor` per update::
 
 **Per round** (ranks without a bucket in a round skip it; P2P needs no barrier):
 
-1. *pre*: allocate one contiguous ``uint8`` wire buffer per peer and direction (the bucket's
-   bytes, plus an 8-byte checksum trailer with ``checksums=True``); pack the send buckets from
+1. *pre*: one contiguous ``uint8`` wire buffer per peer and direction, sliced from the round's
+   slab (the bucket's bytes, plus an 8-byte checksum trailer with ``checksums=True``); pack the
+   send buckets from
    the source tensors (:func:`~weightbridge.transport.pack.pack_items`: strided box copies,
    cast to the wire dtype);
 2. *comm*: every buffer is cut into chunks of ``chunk_bytes`` (a pure function of the bucket
@@ -24,21 +25,35 @@ runs one :class:`Executor` per update::
    Wave ``k`` on a rank contains the send of a chunk iff wave ``k`` on the peer contains its
    receive, so batches stay bounded and symmetric and cannot deadlock;
 3. *post*: verify checksums, unpack the received buckets into the destination
-   (:func:`~weightbridge.transport.pack.unpack_items`, casts to the destination dtype), free
-   the round's buffers.
+   (:func:`~weightbridge.transport.pack.unpack_items`, casts to the destination dtype), which
+   releases the round's slab for round ``r+2``.
 
 After the last round a rollout rank applies ``plan.local_copies`` to its destination.
 
-**Double buffering.** With ``overlap=True`` (default) *pre* and *post* run on one background
-worker thread (torch copies release the GIL; on CUDA they are queued on the same stream), in
-FIFO order: while the main thread drives round ``r``'s waves, the worker unpacks round
-``r-1`` and then packs round ``r+1``. Because ``post(r-1)`` frees round ``r-1``'s buffers before
-``pre(r+1)`` allocates, at most two rounds of wire buffers are alive, so the extra memory of a
-rank stays within ``2 x plan.round_bytes`` (+ 8 bytes per bucket with checksums); it is
-tracked in :attr:`ExecStats.peak_buffer_bytes`. A rollout rank's exchange sends (buckets with
-``src_side == "rollout"``, receiver de-replication) read data it received earlier, so for those
-rounds *pre* is queued after the previous round's *post*. ``overlap=False`` runs everything
-inline (for measurements).
+**Wire buffers.** A rank's buffers of one round are slices of one contiguous ``uint8`` *slab*
+sized for its largest round (never more than ``plan.round_bytes``, + 8 bytes per bucket with
+checksums). With overlap there are two slabs used alternately (round ``i`` uses slab ``i % 2``),
+without overlap one. With ``keep_buffers=True`` (default) the slabs stay allocated on the
+executor between runs (no page faults / allocator calls per update; :meth:`Executor.release_buffers`
+frees them); with ``False`` they are freed at the end of every run. Either way a rank's extra
+memory stays within ``2 x plan.round_bytes``, reported as :attr:`ExecStats.peak_buffer_bytes`.
+
+**Double buffering** (``overlap``):
+
+* ``"inline"`` (the default, ``"auto"``): after issuing round ``r``'s first wave, the calling
+  thread packs round ``r+1`` into the other slab, then waits. On Gloo the bytes move on
+  Gloo's own I/O threads meanwhile; on CUDA the pack kernels run while NCCL transfers.
+* ``"thread"``: *pre* (pack) and *post* (unpack) run on one background worker thread, FIFO:
+  while the calling thread drives round ``r``'s waves, the worker unpacks round ``r-1`` and
+  then packs round ``r+1`` (torch copies release the GIL). Best with spare CPU cores.
+* ``"off"``: strictly sequential (pack, transfer, unpack per round; one slab).
+
+A rollout rank's exchange sends (``src_side == "rollout"``, receiver de-replication) read data
+it received in earlier rounds, so for those rounds *pre* always waits for the previous round's
+*post*. Measured with ``bench/transfer_gloo.py`` (270 MB, 6 processes on 2 CPU cores, so no
+spare core to overlap with): inline 0.27-0.39 s, thread 0.27-0.45 s, off 0.22-0.33 s per update
+(run-to-run noise is larger than the differences); overlap pays where packing and moving bytes
+use different resources (GPU copy engines vs NIC, spare cores).
 
 **Deadlines and errors.** Every wait is bounded by ``group.timeout_s``. A failure is raised as a
 :class:`~weightbridge.transport.errors.TransportError` subclass naming this bridge rank, the peer
@@ -57,6 +72,8 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+Overlap = Literal["auto", "inline", "thread", "off"]
 
 import torch
 
@@ -90,28 +107,8 @@ class ExecStats:
         return dict(self.__dict__)
 
 
-class _Meter:
-    """Thread-safe count of wire-buffer bytes alive, with the peak."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.alive = 0
-        self.peak = 0
-
-    def alloc(self, n: int, device: torch.device) -> torch.Tensor:
-        buf = torch.empty(n, dtype=torch.uint8, device=device)
-        with self.lock:
-            self.alive += n
-            self.peak = max(self.peak, self.alive)
-        return buf
-
-    def free(self, n: int) -> None:
-        with self.lock:
-            self.alive -= n
-
-
 class _Inline:
-    """The worker interface, run on the calling thread (``overlap=False``)."""
+    """The worker interface, run on the calling thread (``overlap`` ``"inline"`` / ``"off"``)."""
 
     def submit(self, fn: Callable, *args: Any) -> cf.Future:
         fut: cf.Future = cf.Future()
@@ -149,6 +146,11 @@ def checksum(data: torch.Tensor) -> int:
     """Checksum of a 1-D uint8 tensor: CRC-32 on CPU; a position-weighted sum on other devices."""
     if data.device.type == "cpu":
         return zlib.crc32(data.numpy()) if data.numel() else 0
+    return weighted_sum(data)
+
+
+def weighted_sum(data: torch.Tensor) -> int:
+    """Position-weighted byte sum computed on the tensor's device (the non-CPU checksum)."""
     total = torch.zeros((), dtype=torch.int64, device=data.device)
     step = 1 << 24
     for lo in range(0, data.numel(), step):
@@ -206,10 +208,12 @@ class Executor:
     plan : the plan every rank built (same ``plan_hash`` everywhere: the control plane checks it).
     group : the bridge group; ``group.rank`` must be this rank's bridge rank.
     side, rank : this process's side and rank within its side.
-    device : where the wire buffers live for NCCL (the CUDA device); Gloo buffers are on CPU.
-    chunk_bytes : P2P chunk size; must be equal on every rank (it shapes the batches).
-    checksums : append a checksum to every bucket and verify it on receipt; equal on every rank.
-    overlap : double-buffer pack/unpack on a worker thread (see the module docstring).
+    device : the device of this rank's tensors; NCCL wire buffers live there (Gloo's on CPU).
+    chunk_bytes : P2P chunk size; **must be equal on every rank** (it shapes the batches).
+    checksums : append a checksum to every bucket and verify it on receipt; **equal on every rank**.
+    overlap : ``"auto"`` (= ``"inline"``), ``"inline"``, ``"thread"`` or ``"off"`` (module docstring);
+        ``True`` / ``False`` mean ``"thread"`` / ``"off"``. May differ between ranks.
+    keep_buffers : keep the wire slabs allocated between runs (see :meth:`release_buffers`).
     """
 
     def __init__(
@@ -222,12 +226,21 @@ class Executor:
         device: torch.device | str,
         chunk_bytes: int = 64 << 20,
         checksums: bool = False,
-        overlap: bool = True,
+        overlap: Overlap | bool = "auto",
+        keep_buffers: bool = True,
     ) -> None:
         if side not in (TRAINER, ROLLOUT):
             raise ValueError(f"side must be 'trainer' or 'rollout', got {side!r}")
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        if overlap is True:
+            overlap = "thread"
+        elif overlap is False:
+            overlap = "off"
+        elif overlap == "auto":
+            overlap = "inline"
+        if overlap not in ("inline", "thread", "off"):
+            raise ValueError(f"overlap must be auto, inline, thread or off, got {overlap!r}")
         if plan.num_senders != group.num_trainers or plan.num_senders + plan.num_receivers != group.world_size:
             raise ValueError(
                 f"plan is for {plan.num_senders} trainer + {plan.num_receivers} rollout ranks, but the bridge "
@@ -242,12 +255,14 @@ class Executor:
         self.rank = rank
         self.me = me
         self.device = torch.device(device)
-        self.wire_device = group.device if group.backend == "nccl" and group.device is not None else (
-            self.device if group.backend == "nccl" else torch.device("cpu")
-        )
+        if group.backend == "nccl":
+            self.wire_device = group.device if group.device is not None else self.device
+        else:
+            self.wire_device = torch.device("cpu")
         self.chunk_bytes = int(chunk_bytes)
         self.checksums = bool(checksums)
-        self.overlap = bool(overlap)
+        self.overlap: str = overlap
+        self.keep_buffers = bool(keep_buffers)
         self.trailer = CHECKSUM_BYTES if checksums else 0
         # (round index, sends, recvs) for the rounds this rank takes part in, in plan order.
         self.my_rounds: list[tuple[int, list[Bucket], list[Bucket]]] = []
@@ -257,6 +272,26 @@ class Executor:
             if sends or recvs:
                 self.my_rounds.append((rnd.index, sends, recvs))
         self.local_copies = [c for c in plan.local_copies if side == ROLLOUT and c.rank == rank]
+        self.slab_bytes = max(
+            (sum(b.nbytes + self.trailer for b in sends + recvs) for _, sends, recvs in self.my_rounds), default=0
+        )
+        self._slabs: list[torch.Tensor | None] = [None, None]
+
+    # -- buffers ------------------------------------------------------------
+    def _slab(self, i: int) -> torch.Tensor:
+        k = i % 2 if self.overlap != "off" else 0
+        slab = self._slabs[k]
+        if slab is None:
+            slab = self._slabs[k] = torch.empty(self.slab_bytes, dtype=torch.uint8, device=self.wire_device)
+        return slab
+
+    def buffer_bytes(self) -> int:
+        """Wire-buffer bytes currently allocated by this executor."""
+        return sum(s.numel() for s in self._slabs if s is not None)
+
+    def release_buffers(self) -> None:
+        """Free the wire slabs (the next run allocates them again)."""
+        self._slabs = [None, None]
 
     # -- bridge ranks -------------------------------------------------------
     def _sender_bridge(self, b: Bucket) -> int:
@@ -306,9 +341,12 @@ class Executor:
         Trainer: packs from ``tensors`` (its local tensors by IR name) and sends; ``dst`` is unused.
         Rollout: receives into ``dst`` when given (a staging dict) else into ``tensors`` (live
         parameters, in place); exchange buckets are sent from that same destination; finally
-        ``plan.local_copies`` of this rank are applied to it.
+        ``plan.local_copies`` of this rank are applied to it. Destination elements no item
+        covers (padding) are not written.
         ``on_round(round_index, stats)`` is called on the calling thread after each round's
-        transfers completed (its unpack may still be running on the worker).
+        transfers completed (with ``overlap="thread"`` its unpack may still be running).
+        Raises :class:`TransportError` subclasses on communication failures (see module docstring),
+        ``ValueError`` before any transfer when a named tensor is missing or too small.
         """
         if self.group.pg is None:
             raise TransportError(self.me, None, None, "the bridge group is closed")
@@ -320,8 +358,8 @@ class Executor:
             target = dst if dst is not None else tensors
             source = target
         self.check_tensors(source, target)
-        meter = _Meter()
-        if self.overlap and len(self.my_rounds) > 0:
+        n = len(self.my_rounds)
+        if self.overlap == "thread" and n > 0:
             init = None
             if self.wire_device.type == "cuda":
                 dev = self.wire_device
@@ -335,20 +373,24 @@ class Executor:
         lock = threading.Lock()  # guards the stats the worker updates
 
         def pre(i: int) -> list[_Transfer]:
-            _, sends, recvs = self.my_rounds[i]
+            ridx, sends, recvs = self.my_rounds[i]
             ts = time.perf_counter()
+            slab = self._slab(i)
             out: list[_Transfer] = []
+            off = 0
             for b in recvs:
                 tr = _Transfer(b, self._sender_bridge(b), False, b.nbytes + self.trailer)
-                tr.buf = meter.alloc(tr.nbytes, self.wire_device)
+                tr.buf = slab[off : off + tr.nbytes]
+                off += tr.nbytes
                 out.append(tr)
             for b in sends:
                 tr = _Transfer(b, self._receiver_bridge(b), True, b.nbytes + self.trailer)
-                tr.buf = meter.alloc(tr.nbytes, self.wire_device)
+                tr.buf = slab[off : off + tr.nbytes]
+                off += tr.nbytes
                 pack_items(b.items, source, tr.buf)
                 if self.checksums:
                     _write_trailer(tr.buf, b.nbytes, checksum(tr.buf[: b.nbytes]))
-                self._after_pack(self.my_rounds[i][0], tr.peer, tr.buf)
+                self._after_pack(ridx, tr.peer, tr.buf)
                 out.append(tr)
             with lock:
                 stats.pack_seconds += time.perf_counter() - ts
@@ -375,37 +417,42 @@ class Executor:
             finally:
                 for tr in transfers:
                     tr.buf = None
-                    meter.free(tr.nbytes)
                 transfers.clear()
                 with lock:
                     stats.unpack_seconds += time.perf_counter() - ts
 
-        n = len(self.my_rounds)
         # Rollout exchange sends read what earlier rounds received: pack them only after the previous unpack.
         dependent = [self.side == ROLLOUT and bool(self.my_rounds[i][1]) for i in range(n)]
+        ahead = self.overlap != "off"
         try:
-            pending_pre: cf.Future | None = worker.submit(pre, 0) if n else None
+            pending: cf.Future | None = worker.submit(pre, 0) if n else None
             last_post: cf.Future | None = None
             for i in range(n):
                 ridx, sends, recvs = self.my_rounds[i]
                 tw = time.perf_counter()
-                assert pending_pre is not None
-                transfers = pending_pre.result()
+                assert pending is not None
+                transfers = pending.result()
                 stats.wait_seconds += time.perf_counter() - tw
-                pending_pre = None
-                if i + 1 < n and not dependent[i + 1]:
-                    pending_pre = worker.submit(pre, i + 1)  # overlaps this round's waves
+                pending = None
+
+                def pack_next(i: int = i) -> None:
+                    nonlocal pending
+                    if ahead and i + 1 < n and not dependent[i + 1]:
+                        pending = worker.submit(pre, i + 1)  # overlaps this round's transfers
+
                 tc = time.perf_counter()
-                stats.chunks += self._exchange(ridx, transfers)
+                stats.chunks += self._exchange(ridx, transfers, after_issue=pack_next)
                 stats.round_seconds.append(time.perf_counter() - tc)
                 stats.round_indices.append(ridx)
                 stats.rounds += 1
                 stats.bytes_sent += sum(b.nbytes for b in sends)
                 stats.bytes_received += sum(b.nbytes for b in recvs)
+                if last_post is not None:
+                    last_post.result()  # surface an unpack / checksum failure of the previous round now
                 last_post = worker.submit(post, i, transfers)
                 transfers = []
-                if i + 1 < n and dependent[i + 1]:
-                    pending_pre = worker.submit(pre, i + 1)
+                if i + 1 < n and pending is None:
+                    pending = worker.submit(pre, i + 1)
                 if on_round is not None:
                     on_round(ridx, stats)
             if last_post is not None:
@@ -414,11 +461,14 @@ class Executor:
                 stats.wait_seconds += time.perf_counter() - tw
         finally:
             worker.shutdown(wait=True, cancel_futures=True)
+            stats.peak_buffer_bytes = self.buffer_bytes()
+            if not self.keep_buffers:
+                self.release_buffers()
         if self.local_copies:
             stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
-        if self.wire_device.type == "cuda":
-            torch.cuda.current_stream(self.wire_device).synchronize()
-        stats.peak_buffer_bytes = meter.peak
+        for dev in {self.wire_device, self.device}:
+            if dev.type == "cuda":
+                torch.cuda.current_stream(dev).synchronize()
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -426,18 +476,25 @@ class Executor:
         """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
 
     # -- comm ---------------------------------------------------------------
-    def _exchange(self, round_index: int, transfers: list[_Transfer]) -> int:
-        """All chunks of one round, wave by wave; returns the number of P2P ops issued."""
+    def _exchange(self, round_index: int, transfers: list[_Transfer], after_issue: Callable[[], None]) -> int:
+        """All chunks of one round, wave by wave; ``after_issue()`` runs once, after the first wave
+        is issued and before it is waited for. Returns the number of P2P ops issued."""
         cuts = [chunk_bounds(tr.nbytes, self.chunk_bytes) for tr in transfers]
         waves = max((len(c) for c in cuts), default=0)
         issued = 0
+        called = False
         for k in range(waves):
             ops = [(tr, cut[k]) for tr, cut in zip(transfers, cuts) if k < len(cut)]
             works = self._issue(round_index, ops, k, waves)
             issued += len(ops)
             deadline = time.monotonic() + self.group.timeout_s
+            if not called:
+                called = True
+                after_issue()
             for work, peers, what in works:
                 wait_work(self.group, work, peers=peers, round_index=round_index, what=what, deadline=deadline)
+        if not called:
+            after_issue()
         return issued
 
     def _issue(self, round_index: int, ops: list[tuple[_Transfer, tuple[int, int]]], k: int, waves: int):

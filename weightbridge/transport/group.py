@@ -145,6 +145,10 @@ def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device) -> B
     torch.cuda.set_device(dev)
     opts = ProcessGroupNCCL.Options()
     opts._timeout = datetime.timedelta(seconds=timeout_s + NCCL_WATCHDOG_SLACK_S)
+    try:
+        opts.group_name = "weightbridge"
+    except (AttributeError, TypeError):  # older builds
+        pass
     pg = ProcessGroupNCCL(pstore, rank, world_size, opts)
     group = BridgeGroup(pg, rank, world_size, "nccl", num_trainers, float(timeout_s), dev)
     # Eager communicator init on every rank (coalesced P2P on a fresh group would need all ranks).

@@ -38,7 +38,7 @@ class CorruptingExecutor(Executor):
     """Flips one payload byte after the checksum was computed (simulates corruption on the wire)."""
 
     def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
-        if buf.numel() > 8:
+        if round_index == 0 and buf.numel() > 8:  # only the first round: later rounds are fine
             buf[0] ^= 0xFF
 
 
@@ -86,16 +86,23 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"side": side, "rank": rank}
     t0 = time.monotonic()
     try:
-        if side == "trainer":
-            tensors = materialize(layout, canon)
-            time.sleep(cfg.get("stall_trainer_s", 0.0))
-            stats = ex.run(tensors, on_round=on_round)
-        else:
-            dst = empty_like_layout(layout, fill=FILL)
-            stats = ex.run(dst, on_round=on_round)
-            want = materialize(layout, canon, fill=FILL)
-            out["diff"] = diff_tensors(dst, want)
-            out["ntensors"] = len(dst)
+        dst = empty_like_layout(layout, fill=FILL) if side == "rollout" else None
+        # ``updates`` > 1: the same executor moves several versions (new trainer values each time).
+        for version in range(cfg.get("updates", 1)):
+            if version:
+                canon = canonical_tensors(r.canonical, seed=cfg.get("seed", 0) + version, dtype=tdtype,
+                                          names=needed_names(layout))
+            if side == "trainer":
+                tensors = materialize(layout, canon)
+                time.sleep(cfg.get("stall_trainer_s", 0.0))
+                stats = ex.run(tensors, on_round=on_round)
+            else:
+                stats = ex.run(dst, on_round=on_round)
+                want = materialize(layout, canon, fill=FILL)
+                out["diff"] = diff_tensors(dst, want)
+                out["ntensors"] = len(dst)
+                if out["diff"]:
+                    break
         out["stats"] = stats.to_json()
         if cfg.get("own_world"):
             import torch.distributed as dist

@@ -1,0 +1,167 @@
+"""The executor's NCCL branch (coalesced batches, host-side polling deadline) against an in-process fake.
+
+No GPU here: a fake backend object with the ``ProcessGroupNCCL`` surface the executor uses
+(``_start_coalescing`` / ``send`` / ``recv`` / ``_end_coalescing`` returning one work whose
+``is_completed()`` is polled) connects executors running in threads of this process, on CPU
+tensors. It checks the batching logic and the deadline handling of that branch; the real NCCL
+calls are exercised by ``bench/gpu_check.py`` on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+
+import pytest
+import torch
+
+from weightbridge.plan import build_plan
+from weightbridge.spec.resolve import check_text
+from weightbridge.transport import BridgeGroup, Executor, PeerTimeout
+from weightbridge.transport.localrun import canonical_tensors, diff_tensors, empty_like_layout, materialize
+
+SPEC = """
+version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: fsdp2, mesh: {dp: 2}}
+rollout: {preset: vllm, instances: 2, mesh: {tp: 2}}
+"""
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, *args) -> bool:
+        assert self.done, "the executor must poll is_completed() before wait() on NCCL"
+        return True
+
+
+class _GroupWork:
+    def __init__(self, parts: list[_Work]) -> None:
+        self.parts = parts
+
+    def is_completed(self) -> bool:
+        return all(p.done for p in self.parts)
+
+    def wait(self, *args) -> bool:
+        assert self.is_completed()
+        return True
+
+
+class _Hub:
+    """Matches sends and receives per (src, dst) in posting order, like NCCL P2P."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sends: dict[tuple[int, int], deque] = defaultdict(deque)
+        self.recvs: dict[tuple[int, int], deque] = defaultdict(deque)
+        self.max_batch = 0
+
+    def post(self, src: int, dst: int, t: torch.Tensor, w: _Work, is_send: bool) -> None:
+        with self.lock:
+            mine, other = (self.sends, self.recvs) if is_send else (self.recvs, self.sends)
+            if other[(src, dst)]:
+                t2, w2 = other[(src, dst)].popleft()
+                s, r = (t, t2) if is_send else (t2, t)
+                assert s.numel() == r.numel(), "chunk sizes differ between the two ends"
+                r.copy_(s)
+                w.done = w2.done = True
+            else:
+                mine[(src, dst)].append((t, w))
+
+
+class _FakeNccl:
+    def __init__(self, hub: _Hub, rank: int) -> None:
+        self.hub, self.rank, self.batch = hub, rank, None
+
+    def _start_coalescing(self) -> None:
+        assert self.batch is None
+        self.batch = []
+
+    def _end_coalescing(self) -> _GroupWork:
+        batch, self.batch = self.batch, None
+        assert batch, "empty coalesced batch"
+        self.hub.max_batch = max(self.hub.max_batch, len(batch))
+        return _GroupWork(batch)
+
+    def _op(self, t: torch.Tensor, peer: int, is_send: bool) -> _Work:
+        assert self.batch is not None, "NCCL P2P must be issued inside a coalesced batch"
+        assert t.is_contiguous() and t.dtype == torch.uint8
+        w = _Work()
+        src, dst = (self.rank, peer) if is_send else (peer, self.rank)
+        self.hub.post(src, dst, t, w, is_send)
+        self.batch.append(w)
+        return w
+
+    def send(self, tensors, dst, tag):
+        return self._op(tensors[0], dst, True)
+
+    def recv(self, tensors, src, tag):
+        return self._op(tensors[0], src, False)
+
+
+def _run_threads(fns, timeout_s: float = 30.0) -> list:
+    out: list = [None] * len(fns)
+
+    def wrap(i, fn):
+        try:
+            out[i] = ("ok", fn())
+        except BaseException as exc:  # noqa: BLE001
+            out[i] = ("error", exc)
+
+    threads = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return out
+
+
+@pytest.mark.parametrize("chunk_bytes", [1000, 64 << 20])
+def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int) -> None:
+    r, problems = check_text(SPEC)
+    assert not problems
+    plan = build_plan(r.trainer, r.rollout, round_bytes=16 << 10, receiver_dedup="on")
+    S, R = r.trainer.world_size, r.rollout.world_size
+    hub = _Hub()
+    canon = canonical_tensors(r.canonical, seed=5)
+    cpu = torch.device("cpu")
+
+    def group(rank: int) -> BridgeGroup:
+        return BridgeGroup(_FakeNccl(hub, rank), rank, S + R, "nccl", S, 5.0, cpu)
+
+    dsts = [empty_like_layout(r.rollout.ranks[q], fill=3.0) for q in range(R)]
+    fns = []
+    for t in range(S):
+        ex = Executor(plan, group(t), side="trainer", rank=t, device=cpu, chunk_bytes=chunk_bytes, checksums=True)
+        src = materialize(r.trainer.ranks[t], canon)
+        fns.append(lambda ex=ex, src=src: ex.run(src))
+    for q in range(R):
+        ex = Executor(plan, group(S + q), side="rollout", rank=q, device=cpu, chunk_bytes=chunk_bytes, checksums=True)
+        fns.append(lambda ex=ex, d=dsts[q]: ex.run(d))
+    results = _run_threads(fns)
+    for res in results:
+        assert res[0] == "ok", res[1]
+    for q in range(R):
+        assert diff_tensors(dsts[q], materialize(r.rollout.ranks[q], canon, fill=3.0)) == []
+    assert hub.max_batch >= 2  # several peers/directions per coalesced batch
+    assert all(not d for d in hub.sends.values()) and all(not d for d in hub.recvs.values())
+
+
+def test_nccl_branch_deadline_names_the_peer() -> None:
+    r, _ = check_text(SPEC)
+    plan = build_plan(r.trainer, r.rollout, round_bytes=1 << 20)
+    S, R = r.trainer.world_size, r.rollout.world_size
+    g = BridgeGroup(_FakeNccl(_Hub(), S), S, S + R, "nccl", S, 0.3, torch.device("cpu"))
+    ex = Executor(plan, g, side="rollout", rank=0, device="cpu")
+    t0 = time.monotonic()
+    with pytest.raises(PeerTimeout) as info:
+        ex.run(empty_like_layout(r.rollout.ranks[0]))  # no trainer ever sends
+    assert time.monotonic() - t0 < 3
+    assert info.value.rank == S and info.value.peer in range(S) and info.value.round == 0

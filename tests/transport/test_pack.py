@@ -1,0 +1,194 @@
+"""pack/unpack against a brute-force element-by-element reference (no processes)."""
+
+from __future__ import annotations
+
+import itertools
+from math import prod
+
+import pytest
+import torch
+
+from weightbridge.layout.box import box_shape
+from weightbridge.layout.ir import dtype_bytes
+from weightbridge.plan.types import LocalCopy, WireItem
+from weightbridge.transport import apply_local_copies, backend_for, chunk_bounds, pack_items, unpack_items
+from weightbridge.transport.executor import checksum, weighted_sum
+from weightbridge.transport.localrun import bitwise_equal
+from weightbridge.transport.pack import torch_dtype
+
+
+def item(canonical_box, src, src_box, dst, dst_box, dtype="float32", src_t=False, dst_t=False, name="w") -> WireItem:
+    n = prod(b - a for a, b in canonical_box)
+    return WireItem(name, canonical_box, src, src_box, src_t, dst, dst_box, dst_t, dtype, n * dtype_bytes(dtype))
+
+
+def unravel(k: int, shape) -> tuple[int, ...]:
+    out = []
+    for n in reversed(shape):
+        out.append(k % n)
+        k //= n
+    return tuple(reversed(out))
+
+
+def local_index(k: int, canonical_box, local_box, transpose: bool) -> tuple[int, ...]:
+    """Local index holding the k-th (row-major) element of canonical_box -- by the definition in ir.Piece."""
+    cshape = box_shape(canonical_box)
+    if transpose:
+        c = unravel(k, cshape)
+        rshape = tuple(reversed(cshape))
+        k = 0
+        for i, n in zip(reversed(c), rshape):
+            k = k * n + i
+    rel = unravel(k, box_shape(local_box))
+    return tuple(a + i for (a, _), i in zip(local_box, rel))
+
+
+def brute_pack(items, tensors) -> torch.Tensor:
+    chunks = []
+    for it in items:
+        n = prod(box_shape(it.canonical_box))
+        vals = [tensors[it.src_tensor][local_index(k, it.canonical_box, it.src_box, it.src_transpose)] for k in range(n)]
+        t = torch.stack(vals).to(torch_dtype(it.dtype)) if vals else torch.empty(0, dtype=torch_dtype(it.dtype))
+        chunks.append(t.contiguous().view(torch.uint8))
+    return torch.cat(chunks)
+
+
+def brute_unpack(items, buf, tensors) -> None:
+    off = 0
+    for it in items:
+        n = prod(box_shape(it.canonical_box))
+        vals = buf[off : off + it.nbytes].clone().view(torch_dtype(it.dtype))
+        for k in range(n):
+            dst = tensors[it.dst_tensor]
+            dst[local_index(k, it.canonical_box, it.dst_box, it.dst_transpose)] = vals[k].to(dst.dtype)
+        off += it.nbytes
+
+
+def rand(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+CASES = {
+    # same shape, plain sub-box
+    "plain": ([item(((2, 5), (1, 4)), "a", ((0, 3), (2, 5)), "b", ((4, 7), (0, 3)))], {"a": (6, 8)}, {"b": (8, 3)}),
+    # transposed on the sender (Megatron-style [in, out]) and on the receiver
+    "transpose": (
+        [
+            item(((0, 3), (0, 5)), "a", ((1, 6), (2, 5)), "b", ((0, 3), (0, 5)), src_t=True),
+            item(((3, 4), (0, 5)), "a", ((1, 6), (5, 6)), "c", ((0, 5), (1, 2)), src_t=True, dst_t=True),
+        ],
+        {"a": (7, 6)},
+        {"b": (3, 5), "c": (5, 2)},
+    ),
+    # stacked expert slot [1, I, H] <-> canonical [I, H]
+    "stacked": (
+        [
+            item(((0, 4), (0, 6)), "fc1", ((0, 4), (0, 6)), "w13", ((1, 2), (4, 8), (0, 6))),
+            item(((0, 4), (0, 6)), "fc1", ((0, 4), (0, 6)), "w13", ((0, 1), (0, 4), (0, 6)), name="g"),
+        ],
+        {"fc1": (4, 6)},
+        {"w13": (2, 8, 6)},
+    ),
+    # different factorisation: canonical [4, 6] rows held as a flat [24] slice
+    "reshape": ([item(((1, 3), (0, 6)), "flat", ((6, 18),), "m", ((2, 4), (0, 6)))], {"flat": (30,)}, {"m": (5, 6)}),
+    # fp32 source -> bf16 wire -> bf16 destination
+    "cast": ([item(((0, 4), (0, 8)), "a", ((0, 4), (0, 8)), "b", ((0, 4), (8, 16)), dtype="bfloat16")], {"a": (4, 8)}, {"b": (4, 16)}),
+    # odd-sized bf16 item followed by an fp32 item: the fp32 item sits at a misaligned offset
+    "misaligned": (
+        [
+            item(((0, 3),), "v", ((0, 3),), "x", ((1, 4),), dtype="bfloat16"),
+            item(((0, 2), (0, 3)), "m", ((1, 3), (0, 3)), "y", ((0, 2), (0, 3))),
+        ],
+        {"v": (3,), "m": (3, 3)},
+        {"x": (4,), "y": (2, 3)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pack_matches_brute_force(case: str) -> None:
+    items, src_shapes, dst_shapes = CASES[case]
+    src = {k: rand(s, seed=i) for i, (k, s) in enumerate(src_shapes.items())}
+    want = brute_pack(items, src)
+    buf = torch.full((sum(it.nbytes for it in items),), 0xAB, dtype=torch.uint8)
+    end = pack_items(items, src, buf)
+    assert end == buf.numel()
+    assert torch.equal(buf, want)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dst_dtype", [torch.float32, torch.bfloat16])
+def test_unpack_matches_brute_force(case: str, dst_dtype: torch.dtype) -> None:
+    items, src_shapes, dst_shapes = CASES[case]
+    src = {k: rand(s, seed=i) for i, (k, s) in enumerate(src_shapes.items())}
+    buf = brute_pack(items, src)
+    got = {k: torch.full(s, 7.0, dtype=dst_dtype) for k, s in dst_shapes.items()}
+    want = {k: v.clone() for k, v in got.items()}
+    unpack_items(items, buf, got)
+    brute_unpack(items, buf, want)
+    for k in got:
+        assert bitwise_equal(got[k], want[k]), k
+
+
+def test_pack_touches_only_boxes_and_offsets() -> None:
+    items, src_shapes, _ = CASES["plain"]
+    src = {"a": rand(src_shapes["a"])}
+    n = items[0].nbytes
+    buf = torch.full((n + 20,), 0xAB, dtype=torch.uint8)
+    assert pack_items(items, src, buf, offset=10) == 10 + n
+    assert torch.all(buf[:10] == 0xAB) and torch.all(buf[10 + n :] == 0xAB)
+    with pytest.raises(ValueError, match="too small"):
+        pack_items(items, src, torch.empty(n - 1, dtype=torch.uint8))
+
+
+def test_fp32_to_bf16_rounding_is_torch_cast() -> None:
+    src = {"a": rand((4, 8)) * 1e3}
+    it = item(((0, 4), (0, 8)), "a", ((0, 4), (0, 8)), "b", ((0, 4), (0, 8)), dtype="bfloat16")
+    buf = torch.empty(it.nbytes, dtype=torch.uint8)
+    pack_items([it], src, buf)
+    dst = {"b": torch.zeros(4, 8, dtype=torch.bfloat16)}
+    unpack_items([it], buf, dst)
+    assert bitwise_equal(dst["b"], src["a"].to(torch.bfloat16))
+
+
+def test_apply_local_copies() -> None:
+    t = {"embed": rand((6, 4)), "head": torch.zeros(6, 4), "headT": torch.zeros(4, 6)}
+    copies = [
+        LocalCopy(0, "e", ((0, 6), (0, 4)), "embed", ((0, 6), (0, 4)), False, "head", ((0, 6), (0, 4)), False),
+        LocalCopy(0, "e", ((0, 6), (0, 4)), "embed", ((0, 6), (0, 4)), False, "headT", ((0, 4), (0, 6)), True),
+        LocalCopy(1, "e", ((0, 6), (0, 4)), "embed", ((0, 6), (0, 4)), False, "head", ((0, 6), (0, 4)), False),
+    ]
+    assert apply_local_copies(copies, t, rank=0) == 2
+    assert bitwise_equal(t["head"], t["embed"]) and bitwise_equal(t["headT"], t["embed"].T.contiguous())
+
+
+def test_chunk_bounds_cover_exactly() -> None:
+    assert chunk_bounds(0, 4) == []
+    for n, c in itertools.product([1, 7, 8, 9, 100], [1, 3, 8, 64]):
+        cuts = chunk_bounds(n, c)
+        assert cuts[0][0] == 0 and cuts[-1][1] == n
+        assert all(b - a <= c and b > a for a, b in cuts)
+        assert all(x[1] == y[0] for x, y in zip(cuts, cuts[1:]))
+
+
+def test_backend_for() -> None:
+    assert backend_for("auto", torch.device("cpu")) == "gloo"
+    assert backend_for("auto", "cuda:0") == "nccl"
+    assert backend_for("gloo", "cuda:1") == "gloo"
+    with pytest.raises(ValueError):
+        backend_for("nccl", "cpu")
+    with pytest.raises(ValueError):
+        backend_for("mpi", "cpu")
+
+
+def test_checksum_sees_flips_and_swaps() -> None:
+    x = torch.randint(0, 256, (1000,), dtype=torch.uint8)
+    y = x.clone()
+    y[10] ^= 1
+    z = x.clone()
+    z[[3, 4]] = x[[4, 3]]
+    for fn in (checksum, weighted_sum):
+        assert fn(x) == fn(x.clone()) and fn(x) != fn(y)
+        if x[3] != x[4]:
+            assert fn(x) != fn(z)
