@@ -201,6 +201,7 @@ class _Endpoint:
         receiver_dedup: str,
         data_plane: DataPlane | None,
         on_round: Callable[[int], None] | None,
+        checksums: bool = False,
     ) -> None:
         self.spec = resolved
         self.side = side
@@ -226,8 +227,9 @@ class _Endpoint:
             receiver_dedup=receiver_dedup,
         )
         self.data_plane: DataPlane = data_plane or TransportDataPlane(
-            transport=resolved.sync.transport, device=_device_of(tensors)
+            transport=resolved.sync.transport, device=_device_of(tensors), checksums=checksums
         )
+        self.wire = f"checksums={bool(checksums)}"
         self.on_round = on_round
         self.nonce = uuid.uuid4().hex
         self.dtypes, self.dtype_diffs = actual_dtypes(self.layout, tensors)
@@ -240,6 +242,7 @@ class _Endpoint:
         self.plan: TransferPlan | None = None
         self.plan_rank = -1
         self.broken = False  # the epoch's bridge group is unusable (a push failed in it)
+        self.failure_epoch = 0  # where this rank's failures are published: the epoch it is in or entering
         self.closed = False
 
     # -- joining ------------------------------------------------------------------------------
@@ -261,11 +264,12 @@ class _Endpoint:
         m = decode(raw[0], Membership)
         if self.side == ROLLOUT and self.rank not in m.rollout_ranks:
             return False
+        self.failure_epoch = epoch
         plan = self.plans.plan(m.instances)
         plan_rank = self.rank if self.side == TRAINER else m.rollout_ranks.index(self.rank)
         hello = Hello(
             side=self.side, rank=self.rank, epoch=epoch, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash,
-            dtypes=self.dtypes, dtype_diffs=self.dtype_diffs, nonce=self.nonce,
+            dtypes=self.dtypes, dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce,
         )
         members = self._member_ids(m)
         self.data_plane.close(abort=self.broken)
@@ -283,7 +287,10 @@ class _Endpoint:
     def _fail(self, cp: ControlPlane, exc: BaseException) -> None:
         """Publish ``exc`` to the epoch's members (unless it came from a peer) and mark the group unusable."""
         self.broken = True
-        cp.publish_failure(self.epoch, exc)
+        cp.publish_failure(self.failure_epoch, exc)
+        # Drop the group now: peers blocked on this rank's sockets fail at once instead of at
+        # their deadline. The next push re-creates it in a new epoch.
+        self.data_plane.close(abort=True)
 
     def _close_common(self) -> None:
         if self.closed:
@@ -317,8 +324,11 @@ class TrainerBridge(_Endpoint):
         if not 1 <= min_instances <= resolved.rollout.num_instances:
             raise ValueError(f"min_instances must be in [1, {resolved.rollout.num_instances}], got {min_instances}")
         self.min_instances = min_instances
+        self._since = 0
         self.last_version: int | None = None
-        ann = self.cp.get(self.keys.announce, Announce)
+        # Trainer 0 numbers pushes from the last announcement (it may be a restarted process);
+        # other ranks match announcements by version, so one made before they connected counts.
+        ann = self.cp.get(self.keys.announce, Announce) if self.rank == 0 else None
         self.seq = ann.seq if ann is not None else 0
         self._join(instance=0)
 
@@ -340,14 +350,20 @@ class TrainerBridge(_Endpoint):
         min_instances: int | None = None,
         data_plane: DataPlane | None = None,
         on_round: Callable[[int], None] | None = None,
+        checksums: bool = False,
     ) -> TrainerBridge:
         """Connect trainer rank ``rank`` holding ``tensors`` (local name -> tensor, as in the spec).
 
         Rank 0 hosts the control store at ``host:port`` unless ``store`` is given. ``timeout_s``,
         ``round_bytes`` override the spec's ``sync`` section (every rank must agree: the plan
         hash is checked). ``min_instances`` (default: all of the spec's rollout instances) is how
-        many complete rollout instances the first push waits for; later ones join at a later push.
+        many complete, live rollout instances every push waits for (up to the deadline); each push
+        goes to the instances present then, so late ones join at a later push and a dead one is
+        dropped once fewer than all are required.
         ``on_round(round_index)`` is called by the data plane after each round (progress).
+        ``checksums=True`` appends a checksum to every bucket and verifies it on receipt (a
+        corrupted update raises ``ChecksumError``: staged receivers keep the previous version,
+        in-place ones report torn); every rank must pass the same value (checked at the handshake).
         """
         resolved = load_spec(spec)
         t_s = float(timeout_s if timeout_s is not None else resolved.sync.timeout_s)
@@ -365,28 +381,40 @@ class TrainerBridge(_Endpoint):
             receiver_dedup=receiver_dedup,
             data_plane=data_plane,
             on_round=on_round,
+            checksums=checksums,
             min_instances=min_instances if min_instances is not None else resolved.rollout.num_instances,
         )
 
     # -- push ---------------------------------------------------------------------------------
-    def push(self, version: int) -> PushStats:
+    def push(self, version: int, tensors: Mapping[str, torch.Tensor] | None = None) -> PushStats:
         """Send version ``version`` (strictly increasing) to every rollout rank of the epoch.
 
-        Called by every trainer rank with the same ``version``. Returns per the mode (module
+        Called by every trainer rank with the same ``version``. ``tensors`` replaces the local
+        tensors given so far (when the training framework re-allocated them); by default the
+        tensors passed to ``from_spec`` are read as they are now. Returns per the mode (module
         docstring). Raises a typed error on any failure, after telling the other ranks.
         """
+        if tensors is not None:
+            check_tensors(self.layout, tensors)
+            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
+                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
+            self.tensors = dict(tensors)
         if self.closed:
             raise BridgeError(f"{self.me}: push() after close()")
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
         t0 = time.perf_counter()
         wait_s = 0.0
+        # Failures already published in the current epoch concern an earlier push: the waits
+        # before the announcement ignore them (trainer 0 starts a new epoch because of them).
+        self._since = self.cp.counter(self.keys.failures(self.epoch)) if self.epoch else 0
         try:
             if self.rank == 0:
                 ann, waited = self._announce(version)
                 wait_s += waited
             else:
                 ann = self._await_announce(version)
+            self.seq = ann.seq  # announced: the next push is seq + 1 even if this one fails
             new_epoch = ann.epoch != self.epoch or self.broken
             if new_epoch:
                 self._enter_epoch(self.cp, ann.epoch)
@@ -401,7 +429,6 @@ class TrainerBridge(_Endpoint):
         except BaseException as exc:
             self._fail(self.cp, exc)
             raise
-        self.seq = ann.seq
         self.last_version = version
         return PushStats(
             version=version, seq=ann.seq, epoch=ann.epoch, mode=self.mode, bytes_sent=run.bytes_sent,
@@ -440,12 +467,13 @@ class TrainerBridge(_Endpoint):
         out = []
         for inst in range(self.spec.rollout.num_instances):
             ranks = [RankId(ROLLOUT, r.rank) for r in self.spec.rollout.instance_ranks(inst)]
-            if not self.cp.store.check([self.keys.join(r.key) for r in ranks]):
+            if not self.cp.exists([self.keys.join(r.key) for r in ranks]):
                 continue
             alive = True
             for r in ranks:
-                self.cp.monitor.observe(r, self.cp.counter(self.keys.heartbeat(r.key)), now)
-                alive = alive and not self.cp.monitor.dead(r, now)
+                counter = self.cp.counter(self.keys.heartbeat(r.key))
+                self.cp.monitor.observe(r, counter, now)
+                alive = alive and not self.cp.monitor.dead(r, now) and not self.cp.monitor.known_dead(r, counter)
             if alive:
                 out.append(inst)
         return tuple(out)
@@ -458,7 +486,7 @@ class TrainerBridge(_Endpoint):
             return len(got[0]) >= self.min_instances
 
         self.cp.wait_for([], deadline, f"at least {self.min_instances} complete rollout instance(s) to join",
-                         ready=enough, epoch=self.epoch if self.epoch else None)
+                         ready=enough, epoch=self.epoch or None, since=self._since)
         return got[0]
 
     def _epoch_change(self, instances: tuple[int, ...]) -> str:
@@ -478,7 +506,7 @@ class TrainerBridge(_Endpoint):
     def _await_staleness(self, version: int, rollout_ranks: tuple[int, ...], deadline: float) -> None:
         """Async: wait until every receiver that has staged something applied >= version - max(k, 1)."""
         bound = version - max(self.max_staleness, 1)
-        ranks = [r for r in rollout_ranks if self.cp.store.check([self.keys.ack("staged", r)])]
+        ranks = [r for r in rollout_ranks if self.cp.exists([self.keys.ack("staged", r)])]
         if not ranks:
             return
 
@@ -491,7 +519,7 @@ class TrainerBridge(_Endpoint):
 
         self.cp.wait_for(
             [], deadline, f"every receiver to apply version >= {bound} (max_staleness {self.max_staleness})",
-            ready=fresh, epoch=self.epoch if self.epoch else None,
+            ready=fresh, epoch=self.epoch or None, since=self._since,
             watch=[RankId(ROLLOUT, r) for r in ranks],
         )
 
@@ -502,14 +530,16 @@ class TrainerBridge(_Endpoint):
 
         def is_mine(values: list[bytes]) -> bool:
             ann = decode(values[0], Announce)
-            if ann.seq > self.seq and ann.version == version:
-                seen[:] = [ann]
-                return True
-            return False
+            if ann.seq <= self.seq or ann.version != version:
+                return False
+            if self.seq == 0 and self.cp.counter(self.keys.failures(ann.epoch)) > 0:
+                return False  # a fresh (restarted) process: that is the failed attempt, not the retry
+            seen[:] = [ann]
+            return True
 
         self.cp.wait_for(
             [self.keys.announce], self.cp.deadline(2 * self.timeout_s), f"trainer 0 to announce version {version}",
-            ready=is_mine, epoch=self.epoch if self.epoch else None, watch=[RankId(TRAINER, 0)],
+            ready=is_mine, epoch=self.epoch or None, since=self._since, watch=[RankId(TRAINER, 0)],
         )
         return seen[0]
 
@@ -589,6 +619,7 @@ class RolloutBridge(_Endpoint):
         receiver_dedup: str = "auto",
         data_plane: DataPlane | None = None,
         on_round: Callable[[int], None] | None = None,
+        checksums: bool = False,
     ) -> RolloutBridge:
         """Connect rollout rank ``rank`` (spec numbering, instance-major) with its live ``tensors``.
 
@@ -603,7 +634,7 @@ class RolloutBridge(_Endpoint):
         return cls(
             resolved, rank=rank, tensors=tensors, store=store, prefix=prefix, timeout_s=t_s,
             heartbeat_s=heartbeat_s, round_bytes=round_bytes, receiver_dedup=receiver_dedup,
-            data_plane=data_plane, on_round=on_round, staging=staging,
+            data_plane=data_plane, on_round=on_round, staging=staging, checksums=checksums,
         )
 
     # -- engine-facing ------------------------------------------------------------------------
@@ -634,8 +665,7 @@ class RolloutBridge(_Endpoint):
         if not self.staging:
             ann = self.cp.get(self.keys.announce, Announce)
             if ann is not None and ann.seq > self._handled_seq:
-                self._receive(self.cp, ann)
-                self._raise_pending()
+                self._receive(self.cp, ann, keep_error=False)
         return self.ready()
 
     def apply(self) -> int:
@@ -695,12 +725,12 @@ class RolloutBridge(_Endpoint):
                 self._stop.wait(0.005)
                 continue
             try:
-                self._receive(cp, ann)
+                self._receive(cp, ann, keep_error=True)
             except BaseException:  # noqa: BLE001 - kept for poll(); already published by _receive
                 pass
 
-    def _receive(self, cp: ControlPlane, ann: Announce) -> None:
-        """Receive push ``ann`` (its epoch first, if new). Errors are stored for poll() and re-raised."""
+    def _receive(self, cp: ControlPlane, ann: Announce, *, keep_error: bool) -> None:
+        """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""
         self._handled_seq = ann.seq
         try:
             if ann.epoch != self.epoch or self.broken:
@@ -727,8 +757,9 @@ class RolloutBridge(_Endpoint):
                    Ack(rank=self.rank, version=ann.version, seq=ann.seq, epoch=ann.epoch, stage="staged"))
         except BaseException as exc:
             self._fail(cp, exc)
-            with self._lock:
-                self._error = exc
+            if keep_error:
+                with self._lock:
+                    self._error = exc
             raise
 
 
@@ -767,7 +798,9 @@ class ColocatedBridge:
 
         for side, given, layout in (("trainer", trainer, resolved.trainer), ("rollout", rollout, resolved.rollout)):
             if sorted(given) != list(range(layout.world_size)):
-                raise ValueError(f"{side} tensors for ranks {sorted(given)}; the spec has ranks 0..{layout.world_size - 1}")
+                raise ValueError(
+                    f"{side} tensors for ranks {sorted(given)}; the spec has ranks 0..{layout.world_size - 1}"
+                )
             for r in layout.ranks:
                 check_tensors(r, given[r.rank])
         self.spec = resolved

@@ -47,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         net = network_model(args.network if args.network else resolved.network, colocated=sync.mode == "colocated")
     except ValueError as exc:  # pydantic ValidationError is a ValueError
-        print(f"{args.spec}: $.network: {exc}", file=sys.stderr)
+        errors = exc.errors() if hasattr(exc, "errors") else [{"loc": (), "msg": str(exc)}]
+        for e in errors:
+            loc = "".join(f".{x}" for x in e.get("loc", ()))
+            print(f"{args.spec}: $.network{loc}: {e.get('msg')} (see docs/planner.md, section 3)", file=sys.stderr)
         return EXIT_USAGE
     round_bytes = int(args.round_bytes or sync.round_bytes)
     plan = build_plan(resolved.trainer, resolved.rollout, round_bytes=round_bytes, network=net,

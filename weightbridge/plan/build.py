@@ -24,14 +24,15 @@ import gc
 import hashlib
 import marshal
 import time
+from operator import itemgetter
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
-from weightbridge.layout.box import Box, box_numel, intersect
-from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout, dtype_bytes
+from weightbridge.layout.box import Box, box_numel, intersect, is_empty
+from weightbridge.layout.ir import DTYPE_BYTES, LocalTensor, Piece, RankLayout, SideLayout, dtype_bytes
 from weightbridge.plan.geometry import map_to_local, num_rows, rows, split_box, subtract_all
 from weightbridge.plan.network import PRESETS, NetworkModel
-from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, LocalCopy, Round, TransferPlan, WireItem
+from weightbridge.plan.types import LocalCopy, Round, TransferPlan, WireItem
 
 PLANNER_VERSION = "weightbridge-plan/1"
 
@@ -76,21 +77,25 @@ class Need(NamedTuple):
 
 def index_sources(trainer: SideLayout) -> dict[str, list[Atom]]:
     """Per canonical tensor, disjoint atoms with their holders (one piece per holder rank)."""
-    lists: dict[str, list[tuple[Box, int, LocalTensor, Piece]]] = {}
-    get = lists.get
+    first: dict[str, tuple[Box, int, LocalTensor, Piece]] = {}  # the one piece of most tensors
+    more: dict[str, list[tuple[Box, int, LocalTensor, Piece]]] = {}
     for lay in trainer.ranks:
         rank = lay.rank
         for t in lay.tensors:
-            for p in t.pieces:
-                lst = get(p.canonical)
-                if lst is None:
-                    lists[p.canonical] = [(p.canonical_box, rank, t, p)]
+            for p in t.pieces:  # empty pieces become atoms no need ever intersects
+                name = p.canonical
+                if name in first:
+                    lst = more.get(name)
+                    if lst is None:
+                        more[name] = [first[name], (p.canonical_box, rank, t, p)]
+                    else:
+                        lst.append((p.canonical_box, rank, t, p))
                 else:
-                    lst.append((p.canonical_box, rank, t, p))
+                    first[name] = (p.canonical_box, rank, t, p)
     out: dict[str, list[Atom]] = {}
-    for name, lst in lists.items():
-        if len(lst) == 1:
-            box, rank, t, p = lst[0]
+    for name, (box, rank, t, p) in first.items():
+        lst = more.get(name)
+        if lst is None:
             out[name] = [Atom(name, box, ((rank, t, p),))]
             continue
         by_box: dict[Box, dict[int, tuple[LocalTensor, Piece]]] = {}
@@ -175,7 +180,8 @@ def receiver_needs(lay: RankLayout) -> tuple[list[Need], list[tuple]]:
     by_name: dict[str, list[tuple[LocalTensor, Piece]]] = {}
     for t in lay.tensors:
         for p in t.pieces:
-            by_name.setdefault(p.canonical, []).append((t, p))
+            if not is_empty(p.canonical_box):
+                by_name.setdefault(p.canonical, []).append((t, p))
     needs: list[Need] = []
     copies: list[tuple] = []
     for name in sorted(by_name):
@@ -257,28 +263,68 @@ class _Builder:
         self.needs: list[list[list[Need]]] = []  # [g][l] -> needs
         self.copies: list[LocalCopy] = []
         self.min_wire = 0
+        by_name: dict[str, list[tuple[int, int, Need]]] = {}
         for g, tpl in enumerate(self.templates):
             per_slot = []
+            ninst = len(tpl.ranks)
             for l, lay in enumerate(tpl.layouts):
-                needs, copies = receiver_needs(lay)
+                nbytes = 0
+                names = [p.canonical for t in lay.tensors for p in t.pieces]
+                if len(set(names)) == len(names):  # usual case: each canonical tensor once on this rank
+                    needs = []
+                    for t in lay.tensors:
+                        es = DTYPE_BYTES[t.dtype]
+                        for p in t.pieces:
+                            box = p.canonical_box
+                            n = 1
+                            for a, z in box:
+                                n *= z - a
+                            if n <= 0:
+                                continue
+                            nbytes += n * es
+                            need = Need(p.canonical, box, t, p)
+                            needs.append(need)
+                            lst = by_name.get(p.canonical)
+                            if lst is None:
+                                by_name[p.canonical] = [(g, l, need)]
+                            else:
+                                lst.append((g, l, need))
+                else:
+                    needs, copies = receiver_needs(lay)
+                    for inst_ranks in tpl.ranks:
+                        self.copies.extend(LocalCopy(inst_ranks[l], *c) for c in copies)
+                    for n in needs:
+                        nbytes += box_numel(n.box) * dtype_bytes(n.tensor.dtype)
+                        by_name.setdefault(n.canonical, []).append((g, l, n))
                 per_slot.append(needs)
-                for inst_ranks in tpl.ranks:
-                    self.copies.extend(LocalCopy(inst_ranks[l], *c) for c in copies)
-                self.min_wire += len(tpl.ranks) * sum(box_numel(n.box) * dtype_bytes(n.tensor.dtype) for n in needs)
+                self.min_wire += ninst * nbytes
             self.needs.append(per_slot)
-        # chunks grouped by atom, in canonical order
-        chunks: dict[tuple[str, int], list[tuple[int, int, Box, LocalTensor, Piece]]] = {}
-        for g, per_slot in enumerate(self.needs):
-            for l, needs in enumerate(per_slot):
-                for n in needs:
-                    atoms = self.sources.get(n.canonical)
-                    if not atoms:
-                        continue
-                    for ai, atom in enumerate(atoms):
-                        c = intersect(n.box, atom.box) if n.box != atom.box else n.box
-                        if c is not None:
-                            chunks.setdefault((n.canonical, ai), []).append((g, l, c, n.tensor, n.piece))
-        self.chunks = [(self.sources[name][ai], chunks[(name, ai)]) for name, ai in sorted(chunks)]
+        # chunks grouped by atom, atoms in canonical order
+        self.chunks: list[tuple[Atom, list[tuple[int, int, Box, LocalTensor, Piece]]]] = []
+        sources = self.sources
+        for name in sorted(by_name):
+            atoms = sources.get(name)
+            if not atoms:
+                continue
+            lst = by_name[name]
+            if len(atoms) == 1:
+                ab = atoms[0].box
+                out = []
+                for g, l, n in lst:
+                    c = n.box if n.box == ab else intersect(n.box, ab)
+                    if c is not None:
+                        out.append((g, l, c, n.tensor, n.piece))
+                if out:
+                    self.chunks.append((atoms[0], out))
+                continue
+            for atom in atoms:
+                out = []
+                for g, l, n in lst:
+                    c = intersect(n.box, atom.box)
+                    if c is not None:
+                        out.append((g, l, c, n.tensor, n.piece))
+                if out:
+                    self.chunks.append((atom, out))
 
     # -- 4. packets ---------------------------------------------------------
     def packets(self, dedup: Sequence[bool]) -> list[Packet]:
@@ -294,20 +340,30 @@ class _Builder:
         anydedup = any(dedup)
         slot_load: dict[tuple[int, int], list[int]] = {}
         xdeps: list = []  # per exchange packet: indices of the update packets it forwards from
+        new = tuple.__new__  # WireItem(...) without the Python-level namedtuple __new__
         for atom, chunk_list in self.chunks:
             name, holders = atom.canonical, atom.holders
             k = len(holders)
             start = len(out)
             if k == 1 and not anydedup:  # fast path: one holder, template packets
                 s, st, sp = holders[0]
+                spb = sp.canonical_box
                 tot = 0
                 for g, l, cbox, dt, dp in chunk_list:
                     ninst = ninsts[g]
                     dtype = dt.dtype
-                    es = dtype_bytes(dtype)
-                    b = box_numel(cbox) * es
+                    es = DTYPE_BYTES[dtype]
+                    n = 1
+                    for a, z in cbox:
+                        n *= z - a
+                    b = n * es
                     if b * ninst <= unit_cap:
-                        out.append((s, ninst * b, 0, g, l, -1, b, tuple(make_items(name, cbox, st, sp, dt, dp, dtype, es))))
+                        if cbox == spb and cbox == dp.canonical_box:
+                            items = (new(WireItem, (name, cbox, st.name, sp.local_box, sp.transpose, dt.name,
+                                                    dp.local_box, dp.transpose, dtype, b)),)
+                        else:
+                            items = tuple(make_items(name, cbox, st, sp, dt, dp, dtype, es))
+                        out.append((s, ninst * b, 0, g, l, -1, b, items))
                         tot += ninst * b
                         continue
                     for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
@@ -429,9 +485,15 @@ def build_plan(
 ) -> TransferPlan:
     """Plan one weight update from ``trainer`` ranks to ``rollout`` ranks.
 
-    Pure and deterministic: every rank calling this with equal inputs gets a plan with the
-    same :attr:`TransferPlan.plan_hash`. Never raises for an incomplete layout pair: run
-    :func:`weightbridge.plan.validate_plan` to get every problem.
+    ``round_bytes`` caps the wire bytes (sent + received) of every rank in every round.
+    ``network`` (default: the ``h100`` preset) prices receiver de-replication when
+    ``receiver_dedup="auto"``; ``"on"``/``"off"`` force it. Call order: every trainer and
+    rollout rank calls this with the same layouts and arguments, then compares
+    :attr:`TransferPlan.plan_hash` with its peers before executing (a mismatch means the
+    ranks disagree on layouts or planner version).
+
+    Pure and deterministic. Never raises for an incomplete layout pair (elements nobody
+    holds are simply not sent): run :func:`weightbridge.plan.validate_plan` to get every problem.
     """
     from weightbridge.plan.rounds import assemble, decide_dedup, pack
 
@@ -497,22 +559,20 @@ def plan_hash(header: tuple, rounds: Sequence[Round], copies: Sequence[LocalCopy
     """
     h = hashlib.sha256()
     h.update(marshal.dumps(tuple(header), 0))
-    seen: dict[int, int] = {}
-    setdefault = seen.setdefault
+    index: dict[int, int] = {}  # id(items tuple) -> first-use number
+    cols = [itemgetter(c) for c in (0, 1, 2, 4)]
+    items_of = itemgetter(3)
     for r in rounds:
         bk = r.buckets
-        n0 = len(seen)
-        ks = [setdefault(id(b[3]), len(seen)) for b in bk]
-        if len(seen) > n0:
-            for b, k in zip(bk, ks):
-                if k >= n0:
-                    n0 = k + 1
-                    h.update(marshal.dumps(tuple(map(tuple, b[3])), 0))
-        h.update(marshal.dumps((r.index, [b[0] for b in bk], [b[1] for b in bk], [b[2] for b in bk],
-                                [b[4] for b in bk], ks), 0))
+        ids = list(map(id, map(items_of, bk)))
+        for i, items in dict(zip(ids, map(items_of, bk))).items():  # first use order
+            if i not in index:
+                index[i] = len(index)
+                h.update(marshal.dumps(tuple(map(tuple, items)), 0))
+        ks = list(map(index.__getitem__, ids))
+        h.update(marshal.dumps((r.index, *(list(map(c, bk)) for c in cols), ks), 0))
     h.update(marshal.dumps(tuple(map(tuple, copies)), 0))
     return h.hexdigest()
 
 
-__all__ = ["build_plan", "plan_hash", "index_sources", "group_instances", "receiver_needs", "make_items",
-           "TRAINER", "ROLLOUT", "Bucket"]
+__all__ = ["build_plan", "plan_hash", "index_sources", "group_instances", "receiver_needs", "make_items"]

@@ -45,11 +45,18 @@ class _Links:
         self.nv_out: dict = {}
         self.nv_in: dict = {}
         self.msgs: dict = {}
+        self._where: dict = {}
+
+    def _at(self, side: str, rank: int) -> tuple:
+        w = self._where.get((side, rank))
+        if w is None:
+            w = self._where[(side, rank)] = (gpu(side, rank, self.net), node(side, rank, self.net))
+        return w
 
     def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: int, messages: int = 1) -> None:
-        net = self.net
-        gs, gr = gpu(src_side, s, net), gpu(dst_side, r, net)
-        if node(src_side, s, net) == node(dst_side, r, net):
+        gs, ns = self._at(src_side, s)
+        gr, nr = self._at(dst_side, r)
+        if ns == nr:
             out, inn = self.nv_out, self.nv_in
         else:
             out, inn = self.nic_out, self.nic_in
@@ -76,22 +83,56 @@ def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
     return links.wire_seconds()
 
 
-def predicted_seconds(plan: TransferPlan, net: NetworkModel) -> float:
-    total = 0.0
+def price(plan: TransferPlan, net: NetworkModel) -> tuple[float, float]:
+    """``(predicted_seconds, lower_bound_seconds)`` of ``plan`` (formulas in the module docstring)."""
+    info: dict[tuple[str, int], tuple[tuple[str, int], tuple[str, int]]] = {}
+
+    def where(side: str, rank: int) -> tuple[tuple[str, int], tuple[str, int]]:
+        w = info.get((side, rank))
+        if w is None:
+            w = info[(side, rank)] = (gpu(side, rank, net), node(side, rank, net))
+        return w
+
+    tot_nic_out: dict = {}
+    tot_nic_in: dict = {}
+    tot_nv_out: dict = {}
+    tot_nv_in: dict = {}
+    predicted = 0.0
     for r in plan.rounds:
-        links = _Links(net)
+        nic_out: dict = {}
+        nic_in: dict = {}
+        nv_out: dict = {}
+        nv_in: dict = {}
+        msgs: dict = {}
         for b in r.buckets:
-            links.add(b.src_side, b.sender, ROLLOUT, b.receiver, b.nbytes)
-        total += links.wire_seconds() + links.latency_seconds()
-    return total
+            gs, ns = where(b.src_side, b.sender)
+            gr, nr = where(ROLLOUT, b.receiver)
+            n = b.nbytes
+            if ns == nr:
+                nv_out[gs] = nv_out.get(gs, 0) + n
+                nv_in[gr] = nv_in.get(gr, 0) + n
+            else:
+                nic_out[gs] = nic_out.get(gs, 0) + n
+                nic_in[gr] = nic_in.get(gr, 0) + n
+            msgs[gs] = msgs.get(gs, 0) + 1
+            msgs[gr] = msgs.get(gr, 0) + 1
+        nic = max([0, *nic_out.values(), *nic_in.values()]) / net.nic_bytes_per_s
+        nv = max([0, *nv_out.values(), *nv_in.values()]) / net.intra_node_bytes_per_s
+        predicted += max(nic, nv) + max([0, *msgs.values()]) * net.message_latency_s
+        for src, dst in ((nic_out, tot_nic_out), (nic_in, tot_nic_in), (nv_out, tot_nv_out), (nv_in, tot_nv_in)):
+            for k, v in src.items():
+                dst[k] = dst.get(k, 0) + v
+    nic = max([0, *tot_nic_out.values(), *tot_nic_in.values()]) / net.nic_bytes_per_s
+    nv = max([0, *tot_nv_out.values(), *tot_nv_in.values()]) / net.intra_node_bytes_per_s
+    return predicted, max(nic, nv)
+
+
+def predicted_seconds(plan: TransferPlan, net: NetworkModel) -> float:
+    return price(plan, net)[0]
 
 
 def lower_bound_seconds(plan: TransferPlan, net: NetworkModel) -> float:
-    links = _Links(net)
-    for r in plan.rounds:
-        for b in r.buckets:
-            links.add(b.src_side, b.sender, ROLLOUT, b.receiver, b.nbytes, 0)
-    return links.wire_seconds()
+    return price(plan, net)[1]
 
 
 # ---------------------------------------------------------------------------
@@ -125,8 +166,10 @@ def baseline(trainer: SideLayout, rollout: SideLayout, net: NetworkModel) -> Bas
     tensor in full and slices its part). Element size: the rollout's local dtype.
     """
     # canonical name -> (numel, element size) of the full tensor, from the rollout side
+    from weightbridge.plan.build import group_instances
+
     esize: dict[str, int] = {}
-    for lay in rollout.ranks:
+    for lay in (x for tpl in group_instances(rollout) for x in tpl.layouts):  # identical instances once
         for t in lay.tensors:
             for p in t.pieces:
                 esize.setdefault(p.canonical, dtype_bytes(t.dtype))

@@ -73,6 +73,9 @@ def map_to_local(sub: Box, piece: Piece) -> list[tuple[Box, Box]]:
                 if d >= 0:
                     out[d] = (a + off, b + off)
             return [(sub, tuple(out))]
+    return corresponding_sub(sub, pc, lb, piece.transpose)
+
+
 def subtract(a: Box, b: Box) -> list[Box]:
     """``a`` minus ``b`` as disjoint boxes (same frame), in a fixed order; ``[a]`` when disjoint."""
     if intersect(a, b) is None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from weightbridge.layout.ir import SideLayout
-from weightbridge.plan.cost import baseline, lower_bound_seconds, predicted_seconds, stall_seconds
+from weightbridge.plan.cost import baseline, price, stall_seconds
 from weightbridge.plan.network import NetworkModel
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
 
@@ -52,21 +52,24 @@ def plan_metrics(
     max_staleness: int = 1,
     problems: list[PlanProblem] | None = None,
 ) -> dict[str, Any]:
-    sender = plan.sender_bytes(TRAINER)
-    receiver = plan.receiver_bytes()
-    senders = [v for v in sender.values() if v > 0]
-    mean_s = sum(senders) / len(senders) if senders else 0.0
-    max_s = max(senders, default=0)
+    sender: dict[int, int] = {}
+    receiver: dict[int, int] = {}
     round_rank = 0
     for r in plan.rounds:
         loads: dict[tuple[str, int], int] = {}
         for b in r.buckets:
+            n = b.nbytes
+            if b.src_side == TRAINER:
+                sender[b.sender] = sender.get(b.sender, 0) + n
+            receiver[b.receiver] = receiver.get(b.receiver, 0) + n
             k1, k2 = (b.src_side, b.sender), (ROLLOUT, b.receiver)
-            loads[k1] = loads.get(k1, 0) + b.nbytes
-            loads[k2] = loads.get(k2, 0) + b.nbytes
+            loads[k1] = loads.get(k1, 0) + n
+            loads[k2] = loads.get(k2, 0) + n
         round_rank = max(round_rank, max(loads.values(), default=0))
-    pred = predicted_seconds(plan, network)
-    bound = lower_bound_seconds(plan, network)
+    senders = [v for v in sender.values() if v > 0]
+    mean_s = sum(senders) / len(senders) if senders else 0.0
+    max_s = max(senders, default=0)
+    pred, bound = price(plan, network)
     base = baseline(trainer, rollout, network)
     hbm = network.hbm_bytes_per_s
     stall = stall_seconds(

@@ -60,7 +60,9 @@ class NetworkSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: PresetName = Field("h100", description="Starting point: h100, h200 (8 GPUs, NVLink, 400 Gb/s per GPU) or cpu-gloo.")
+    preset: PresetName = Field(
+        "h100", description="Starting point: h100, h200 (8 GPUs, NVLink, 400 Gb/s per GPU) or cpu-gloo."
+    )
     nic_gbit_per_s: float | None = Field(None, gt=0, description="Per-GPU NIC bandwidth, Gbit/s.")
     intra_node_gbyte_per_s: float | None = Field(None, gt=0, description="Per-GPU intra-node bandwidth, GB/s one way.")
     ranks_per_node: int | None = Field(None, ge=1, description="GPUs (ranks) per node.")

@@ -23,8 +23,9 @@ def balance_reason(m: dict[str, Any]) -> str | None:
     if bal <= BALANCE_LIMIT:
         return None
     if bal <= bound * BALANCE_LIMIT:
-        return (f"sender balance {bal:.3f} is the layouts' limit ({bound:.3f}): some senders hold more data "
-                f"that no other sender has (e.g. unequal pipeline stages or unreplicated experts)")
+        return (f"sender balance {bal:.3f} is forced by the layouts (no plan can go below {bound:.3f}): some "
+                f"senders hold more data that no other sender has (e.g. unequal pipeline stages or unreplicated "
+                f"experts); the shareable data is split evenly")
     return f"sender balance {bal:.3f} exceeds {BALANCE_LIMIT} and the layouts' limit {bound:.3f}"
 
 
@@ -40,18 +41,22 @@ def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbri
     ratio = m["wire_bytes"] / m["min_wire_bytes"] if m["min_wire_bytes"] else 1.0
     t.add_row("plan hash", m["plan_hash"][:16], "")
     t.add_row("rounds", str(m["num_rounds"]), f"{m['num_buckets']} buckets, {m['num_items']} items")
-    t.add_row("round cap", human_bytes(m["round_bytes"]), f"busiest rank-round {human_bytes(m['max_round_rank_bytes'])}")
+    t.add_row("round cap", human_bytes(m["round_bytes"]),
+              f"busiest rank-round {human_bytes(m['max_round_rank_bytes'])}")
     t.add_row("wire bytes", human_bytes(m["wire_bytes"]), f"{ratio:.3f} x min {human_bytes(m['min_wire_bytes'])}")
     if m["exchange_bytes"]:
         t.add_row("  from trainers", human_bytes(m["update_bytes"]), "")
         t.add_row("  forwarded", human_bytes(m["exchange_bytes"]), "rollout -> rollout (receiver de-replication)")
     if send:
         t.add_row("bytes per sender", human_bytes(m["max_sender_bytes"]),
-                  f"max; min {human_bytes(min(send))}, mean {human_bytes(m['mean_sender_bytes'])} over {len(send)} senders")
-    t.add_row("sender balance", f"{m['sender_balance']:.3f}", f"max/mean; layouts allow {m['sender_balance_bound']:.3f}")
+                  f"max; min {human_bytes(min(send))}, mean {human_bytes(m['mean_sender_bytes'])} "
+                  f"over {len(send)} senders")
+    t.add_row("sender balance", f"{m['sender_balance']:.3f}",
+              f"max/mean; layouts allow {m['sender_balance_bound']:.3f}")
     if recv:
         t.add_row("bytes per receiver", human_bytes(max(recv)),
-                  f"max; min {human_bytes(min(recv))}, mean {human_bytes(sum(recv) / len(recv))} over {len(recv)} receivers")
+                  f"max; min {human_bytes(min(recv))}, mean {human_bytes(sum(recv) / len(recv))} "
+                  f"over {len(recv)} receivers")
     t.add_row("predicted", f"{m['predicted_seconds']:.4g} s",
               f"{m['predicted_seconds'] / m['lower_bound_seconds']:.3f} x lower bound {m['lower_bound_seconds']:.4g} s"
               if m["lower_bound_seconds"] else "lower bound 0")

@@ -27,7 +27,7 @@ FILL = 0.95
 
 
 def _num_rounds(maxload: int, cap: int) -> int:
-    return max(1, -(-maxload // int(cap * FILL)))
+    return max(1, -(-maxload // max(1, int(cap * FILL))))
 
 
 def pack(bld, packets: list, xpackets: list, xdeps: list) -> list[int]:
@@ -94,24 +94,28 @@ def pack(bld, packets: list, xpackets: list, xdeps: list) -> list[int]:
             if ex is None:
                 ex = extra[ekey] = [0] * n
         rho = -1
-        for r in chain(range(d, nr), range(d - 1, -1, -1)):
-            if r >= len(ls):
-                grow(ls, r)
-            if r >= len(cm):
-                grow(cm, r)
-                grow(m, r)
-            if ls[r] + w > cap:
-                continue
-            if kind == 0:
-                if cm[r] + m[r] + b > cap:
+        # fast path: the wanted round has room (lists are at least n long, d < n)
+        if ls[d] + w <= cap and cm[d] + (m[d] if kind == 0 else ex[d]) + b <= cap:
+            rho = d
+        else:
+            for r in chain(range(d + 1, nr), range(d - 1, -1, -1)):
+                if r >= len(ls):
+                    grow(ls, r)
+                if r >= len(cm):
+                    grow(cm, r)
+                    grow(m, r)
+                if ls[r] + w > cap:
                     continue
-            else:
-                if r >= len(ex):
-                    grow(ex, r)
-                if cm[r] + ex[r] + b > cap:
-                    continue
-            rho = r
-            break
+                if kind == 0:
+                    if cm[r] + m[r] + b > cap:
+                        continue
+                else:
+                    if r >= len(ex):
+                        grow(ex, r)
+                    if cm[r] + ex[r] + b > cap:
+                        continue
+                rho = r
+                break
         if rho < 0:
             rho = nr
             nr += 1
@@ -131,6 +135,7 @@ def pack(bld, packets: list, xpackets: list, xdeps: list) -> list[int]:
     # exchanges: after the rounds their data arrives in; a rollout rank's sent + received count
     base = len(packets)
     cum = {}
+    slot_lists: dict[tuple[int, int], list[list[int]]] = {}
     for idx, (s, w, kind, g, l, i, b, _) in enumerate(xpackets):
         skey = (g, i, l)
         c = cum.get(skey, 0)
@@ -138,31 +143,42 @@ def pack(bld, packets: list, xpackets: list, xdeps: list) -> list[int]:
         first = 1 + max((out[p] for p in xdeps[idx]), default=-1)
         d = max(first, min(n - 1, int((c + w / 2) * n / xs_tot[skey])))
         cm = common.setdefault((g, l), [0] * n)
-        lists = []
-        for m_ in range(len(templates[g].ranks)):
-            lists.append(extra.setdefault((g, m_, l), [0] * n))
+        lists = slot_lists.get((g, l))
+        if lists is None:
+            lists = slot_lists[(g, l)] = [extra.setdefault((g, m_, l), [0] * n)
+                                          for m_ in range(len(templates[g].ranks))]
+            top = max(len(cm), *(len(lst) for lst in lists)) - 1
+            grow(cm, top)
+            for lst in lists:
+                grow(lst, top)
+        mine = lists[i]
         rho = -1
         for r in chain(range(d, nr), range(d - 1, first - 1, -1)):
             if r >= len(cm):
                 grow(cm, r)
-            for lst in lists:
-                if r >= len(lst):
+                for lst in lists:
                     grow(lst, r)
             base_r = cm[r]
-            if base_r + lists[i][r] + w > cap:
+            if base_r + mine[r] + w > cap:
                 continue
-            if any(base_r + lst[r] + b > cap for m_, lst in enumerate(lists) if m_ != i):
-                continue
-            rho = r
-            break
+            lim = cap - base_r - b
+            ok = True
+            for lst in lists:
+                if lst is not mine and lst[r] > lim:
+                    ok = False
+                    break
+            if ok:
+                rho = r
+                break
         if rho < 0:
             rho = max(nr, first)
             nr = rho + 1
             grow(cm, rho)
             for lst in lists:
                 grow(lst, rho)
-        for m_, lst in enumerate(lists):
-            lst[rho] += w if m_ == i else b
+        for lst in lists:
+            lst[rho] += b
+        mine[rho] += w - b
         out[base + idx] = rho
     used = sorted(set(out))
     if used and used[-1] != len(used) - 1:
@@ -251,27 +267,47 @@ def decide_dedup(bld, net: NetworkModel) -> tuple[bool, str]:
     from weightbridge.layout.ir import dtype_bytes
 
     templates = bld.templates
-    agg: dict[tuple[int, int, int], float] = {}  # (s, g, l) -> bytes per instance
+    per_atom: dict[tuple[tuple[int, ...], int, int], float] = {}  # (holder ranks, g, l) -> bytes per instance
     for atom, chunk_list in bld.chunks:
-        k = len(atom.holders)
+        hk = tuple(h[0] for h in atom.holders)
         for g, l, cbox, dt, dp in chunk_list:
-            b = box_numel(cbox) * dtype_bytes(dt.dtype) / k
-            for s, _, _ in atom.holders:
-                key = (s, g, l)
-                agg[key] = agg.get(key, 0) + b
-    plain = []
-    dedup = []
+            key = (hk, g, l)
+            per_atom[key] = per_atom.get(key, 0) + box_numel(cbox) * dtype_bytes(dt.dtype)
+    agg: dict[tuple[int, int, int], float] = {}  # (s, g, l) -> bytes per instance
+    for (hk, g, l), b in per_atom.items():
+        share = b / len(hk)
+        for s in hk:
+            key = (s, g, l)
+            agg[key] = agg.get(key, 0) + share
     slot_tot: dict[tuple[int, int], float] = {}
-    for (s, g, l), b in agg.items():
-        ranks = templates[g].ranks
-        ninst = len(ranks)
-        for x in range(ninst):
-            plain.append((TRAINER, s, ROLLOUT, ranks[x][l], b))
-            dedup.append((TRAINER, s, ROLLOUT, ranks[x][l], b / ninst if ninst > 1 else b))
-        if ninst > 1:
-            slot_tot[(g, l)] = slot_tot.get((g, l), 0) + b
-    t_plain = flows_seconds(plain, net)
-    t_update = flows_seconds(dedup, net)
+    if not net.colocated:  # trainer -> rollout is always NIC to NIC: sum per rank, no per-instance flows
+        out_p: dict[int, float] = {}
+        out_d: dict[int, float] = {}
+        in_slot: dict[tuple[int, int], float] = {}
+        for (s, g, l), b in agg.items():
+            ninst = len(templates[g].ranks)
+            out_p[s] = out_p.get(s, 0) + b * ninst
+            out_d[s] = out_d.get(s, 0) + b
+            in_slot[(g, l)] = in_slot.get((g, l), 0) + b
+        for (g, l), b in in_slot.items():
+            if len(templates[g].ranks) > 1:
+                slot_tot[(g, l)] = b
+        in_d = [b / len(templates[g].ranks) for (g, l), b in in_slot.items()]
+        t_plain = max([0, *out_p.values(), *in_slot.values()]) / net.nic_bytes_per_s
+        t_update = max([0, *out_d.values(), *in_d]) / net.nic_bytes_per_s
+    else:
+        plain = []
+        dedup = []
+        for (s, g, l), b in agg.items():
+            ranks = templates[g].ranks
+            ninst = len(ranks)
+            for x in range(ninst):
+                plain.append((TRAINER, s, ROLLOUT, ranks[x][l], b))
+                dedup.append((TRAINER, s, ROLLOUT, ranks[x][l], b / ninst if ninst > 1 else b))
+            if ninst > 1:
+                slot_tot[(g, l)] = slot_tot.get((g, l), 0) + b
+        t_plain = flows_seconds(plain, net)
+        t_update = flows_seconds(dedup, net)
     xflows = []
     for (g, l), per_inst in slot_tot.items():
         ranks = templates[g].ranks

@@ -21,6 +21,8 @@ Checks (``PlanProblem.kind``):
 
 from __future__ import annotations
 
+import gc
+
 from weightbridge.layout.box import Box, box_numel, contains, format_box, in_bounds, intersect
 from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, dtype_bytes
 from weightbridge.plan.geometry import map_to_local, subtract_all
@@ -81,6 +83,19 @@ def validate_plan(
     plan: TransferPlan, trainer: SideLayout, rollout: SideLayout, *, canonical: CanonicalModel | None = None
 ) -> list[PlanProblem]:
     """Every problem of ``plan`` for these layouts; empty when the plan is exact and within caps."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # many small acyclic objects next to a large heap (see build_plan)
+    try:
+        return _validate(plan, trainer, rollout, canonical)
+    finally:
+        _PIECES.clear()
+        if was_enabled:
+            gc.enable()
+
+
+def _validate(
+    plan: TransferPlan, trainer: SideLayout, rollout: SideLayout, canonical: CanonicalModel | None
+) -> list[PlanProblem]:
     problems: list[PlanProblem] = []
     sides = {TRAINER: _Side(trainer), ROLLOUT: _Side(rollout)}
     rsides = sides[ROLLOUT]
@@ -93,7 +108,7 @@ def validate_plan(
             for slot, r in enumerate(ranks):
                 rep[r] = tpl.ranks[0][slot]
     memo: dict[tuple, list[tuple[str, str]]] = {}
-    received: dict[tuple[int, str], list[tuple[Box, int]]] = {}
+    tot_memo: dict[int, int] = {}
     exchanges: list[tuple[int, int, int, WireItem]] = []
     cap = plan.round_bytes
     _PIECES.clear()
@@ -101,53 +116,40 @@ def validate_plan(
     def add(kind: str, msg: str) -> None:
         problems.append(PlanProblem(kind, msg))
 
+    received: dict[int, dict[str, list[Box]]] = {r: {} for r in rsides.ranks}
     for rnd in plan.rounds:
         loads: dict[tuple[str, int], int] = {}
         for b in rnd.buckets:
-            where = f"round {rnd.index} {b.src_side} {b.sender} -> rollout {b.receiver}"
             src = sides.get(b.src_side)
-            if src is None or b.sender not in src.ranks:
-                add("unknown", f"{where}: no such sender")
+            if src is None or b.sender not in src.ranks or b.receiver not in rsides.ranks:
+                which = "receiver" if src is not None and b.sender in src.ranks else "sender"
+                add("unknown", f"round {rnd.index} {b.src_side} {b.sender} -> rollout {b.receiver}: no such {which}")
                 continue
-            if b.receiver not in rsides.ranks:
-                add("unknown", f"{where}: no such receiver")
-                continue
-            total = 0
-            for it in b.items:
-                total += it.nbytes
-                st = src.tensor(b.sender, it.src_tensor)
-                dt = rsides.tensor(b.receiver, it.dst_tensor)
-                key = (id(it), b.src_side, rep.get(b.sender, b.sender) if b.src_side == ROLLOUT else b.sender,
-                       rep.get(b.receiver, b.receiver), it.src_tensor, it.dst_tensor)
-                res = memo.get(key)
-                if res is None:
-                    res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose)
-                    res += _check_end(dt, "receiver", it.canonical, it.canonical_box, it.dst_box, it.dst_transpose)
-                    if dt is not None and it.dtype != dt.dtype:
-                        res.append(("dtype", f"wire dtype {it.dtype} is not the receiver's {dt.dtype}"))
-                    if st is not None and dt is not None and _kind(st.dtype) != _kind(dt.dtype):
-                        res.append(("dtype", f"{st.dtype} on the sender vs {dt.dtype} on the receiver"))
-                    try:
-                        want = box_numel(it.canonical_box) * dtype_bytes(it.dtype)
-                    except KeyError:
-                        res.append(("dtype", f"unknown dtype {it.dtype}"))
-                        want = it.nbytes
-                    if it.nbytes != want:
-                        res.append(("bytes", f"item says {it.nbytes} bytes, its box holds {want}"))
-                    if canonical is not None:
-                        if it.canonical not in canonical:
-                            res.append(("unknown", f"canonical tensor {it.canonical} not in the model"))
-                        elif not in_bounds(it.canonical_box, canonical[it.canonical].shape):
-                            res.append(("bounds", f"canonical box {format_box(it.canonical_box)} outside "
-                                        f"{list(canonical[it.canonical].shape)}"))
-                    memo[key] = res
+            items = b.items
+            srep = rep.get(b.sender, b.sender) if b.src_side == ROLLOUT else b.sender
+            key = (id(items), b.src_side, srep, rep.get(b.receiver, b.receiver))
+            res = memo.get(key)
+            if res is None:
+                res = memo[key] = _check_bucket(items, src, b.sender, rsides, b.receiver, canonical)
+            if res:
+                where = f"round {rnd.index} {b.src_side} {b.sender} -> rollout {b.receiver}"
                 for kind, msg in res:
-                    add(kind, f"{where}: {it.canonical}{format_box(it.canonical_box)}: {msg}")
-                received.setdefault((b.receiver, it.canonical), []).append((it.canonical_box, rnd.index))
-                if b.src_side == ROLLOUT:
-                    exchanges.append((rnd.index, b.sender, b.receiver, it))
+                    add(kind, f"{where}: {msg}")
+            total = tot_memo.get(id(items))
+            if total is None:
+                total = tot_memo[id(items)] = sum(it.nbytes for it in items)
             if total != b.nbytes:
-                add("bytes", f"{where}: bucket says {b.nbytes} bytes, items hold {total}")
+                add("bytes", f"round {rnd.index} {b.src_side} {b.sender} -> rollout {b.receiver}: "
+                    f"bucket says {b.nbytes} bytes, items hold {total}")
+            got = received[b.receiver]
+            for it in items:
+                lst = got.get(it.canonical)
+                if lst is None:
+                    got[it.canonical] = [it.canonical_box]
+                else:
+                    lst.append(it.canonical_box)
+            if b.src_side == ROLLOUT:
+                exchanges.extend((rnd.index, b.sender, b.receiver, it) for it in items)
             ks, kr = (b.src_side, b.sender), (ROLLOUT, b.receiver)
             loads[ks] = loads.get(ks, 0) + b.nbytes
             loads[kr] = loads.get(kr, 0) + b.nbytes
@@ -160,13 +162,19 @@ def validate_plan(
         need: dict[str, list[Box]] = {}
         for t in lay.tensors:
             for p in t.pieces:
-                need.setdefault(p.canonical, []).append(p.canonical_box)
-        for name in sorted(need):
-            boxes = need[name]
-            got = received.pop((lay.rank, name), [])
-            _cover(lay.rank, name, boxes, [b for b, _ in got], add)
-    for (rank, name), got in sorted(received.items()):
-        add("outside", f"rollout {rank} receives {name} ({len(got)} boxes) but holds no piece of it")
+                lst = need.get(p.canonical)
+                if lst is None:
+                    need[p.canonical] = [p.canonical_box]
+                else:
+                    lst.append(p.canonical_box)
+        got = received[lay.rank]
+        for name, boxes in need.items():
+            g = got.pop(name, None)
+            if g is not None and len(g) == 1 and len(boxes) == 1 and g[0] == boxes[0]:
+                continue
+            _cover(lay.rank, name, boxes, g or [], add)
+        for name, g in sorted(got.items()):
+            add("outside", f"rollout {lay.rank} receives {name} ({len(g)} boxes) but holds no piece of it")
 
     # exchanges forward only what arrived earlier
     if exchanges:
@@ -194,6 +202,36 @@ def validate_plan(
             add(kind, f"local copy on rollout {c.rank}: {c.canonical}{format_box(c.canonical_box)}: {msg}")
     _PIECES.clear()
     return problems
+
+
+def _check_bucket(items, src: _Side, sender: int, rsides: _Side, receiver: int,
+                  canonical: CanonicalModel | None) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for it in items:
+        st = src.tensor(sender, it.src_tensor)
+        dt = rsides.tensor(receiver, it.dst_tensor)
+        res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose)
+        res += _check_end(dt, "receiver", it.canonical, it.canonical_box, it.dst_box, it.dst_transpose)
+        if dt is not None and it.dtype != dt.dtype:
+            res.append(("dtype", f"wire dtype {it.dtype} is not the receiver's {dt.dtype}"))
+        if st is not None and dt is not None and _kind(st.dtype) != _kind(dt.dtype):
+            res.append(("dtype", f"{st.dtype} on the sender vs {dt.dtype} on the receiver"))
+        try:
+            want = box_numel(it.canonical_box) * dtype_bytes(it.dtype)
+        except KeyError:
+            res.append(("dtype", f"unknown dtype {it.dtype}"))
+            want = it.nbytes
+        if it.nbytes != want:
+            res.append(("bytes", f"item says {it.nbytes} bytes, its box holds {want}"))
+        if canonical is not None:
+            if it.canonical not in canonical:
+                res.append(("unknown", f"canonical tensor {it.canonical} not in the model"))
+            elif not in_bounds(it.canonical_box, canonical[it.canonical].shape):
+                res.append(("bounds", f"canonical box {format_box(it.canonical_box)} outside "
+                            f"{list(canonical[it.canonical].shape)}"))
+        where = f"{it.canonical}{format_box(it.canonical_box)}: "
+        out.extend((kind, where + msg) for kind, msg in res)
+    return out
 
 
 def _cover(rank: int, name: str, need: list[Box], got: list[Box], add) -> None:

@@ -64,19 +64,27 @@ def clone_store(store: Any) -> Any:
 
 
 class HeartbeatMonitor:
-    """Tracks, on the local monotonic clock, when each watched rank's heartbeat last moved."""
+    """Tracks, on the local monotonic clock, how long each watched rank's heartbeat stood still.
+
+    A rank counts as silent only while it is *watched continuously*: an observation after a
+    gap longer than half of ``dead_after_s`` restarts its clock (the counter may have stopped
+    at any time during the gap; a restarted process resumes the same counter).
+    """
 
     def __init__(self, dead_after_s: float) -> None:
         self.dead_after_s = dead_after_s
-        self._last: dict[RankId, tuple[int, float]] = {}
+        self._last: dict[RankId, tuple[int, float, float]] = {}  # counter, unchanged since, observed at
+        self._dead: dict[RankId, int] = {}  # counter value at which a rank was declared dead
 
     def observe(self, who: RankId, counter: int, now: float) -> None:
         prev = self._last.get(who)
-        if prev is None or prev[0] != counter:
-            self._last[who] = (counter, now)
+        if prev is None or prev[0] != counter or now - prev[2] > self.dead_after_s / 2:
+            self._last[who] = (counter, now, now)
+        else:
+            self._last[who] = (counter, prev[1], now)
 
     def silent_for(self, who: RankId, now: float) -> float | None:
-        """Seconds since ``who``'s counter last moved; None if it never beat while watched."""
+        """Seconds ``who``'s counter has stood still while watched; None if it never beat."""
         prev = self._last.get(who)
         if prev is None or prev[0] == 0:
             return None
@@ -86,8 +94,17 @@ class HeartbeatMonitor:
         silent = self.silent_for(who, now)
         return silent is not None and silent > self.dead_after_s
 
+    def mark_dead(self, who: RankId) -> None:
+        """Remember ``who`` as dead until its counter moves again (a restart)."""
+        if who in self._last:
+            self._dead[who] = self._last[who][0]
+
+    def known_dead(self, who: RankId, counter: int) -> bool:
+        return self._dead.get(who) == counter
+
     def forget(self, who: RankId) -> None:
         self._last.pop(who, None)
+        self._dead.pop(who, None)
 
 
 class ControlPlane:
@@ -142,6 +159,9 @@ class ControlPlane:
             return None
         return decode(self._call(self.store.get, key), cls)
 
+    def exists(self, keys: Sequence[str]) -> bool:
+        return bool(self._call(self.store.check, list(keys)))
+
     def counter(self, key: str) -> int:
         return int(self._call(self.store.add, key, 0))
 
@@ -163,12 +183,14 @@ class ControlPlane:
         *,
         ready: Callable[[list[bytes]], bool] | None = None,
         epoch: int | None = None,
+        since: int = 0,
         watch: Iterable[RankId] = (),
         stop: threading.Event | None = None,
     ) -> list[bytes]:
         """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their raw values.
 
-        Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` or a rank in
+        Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` (the
+        ``since``-th and earlier are ignored: they concern an earlier push) or a rank in
         ``watch`` stops heart-beating, :class:`DeadlineExceeded` past ``deadline`` (a
         ``time.monotonic()`` value). ``stop`` set by another thread ends the wait with
         :class:`DeadlineExceeded` at once (used by ``close()``).
@@ -177,7 +199,7 @@ class ControlPlane:
         sleep_s = 0.001
         while True:
             if epoch is not None:
-                self.raise_failures(epoch)
+                self.raise_failures(epoch, since)
             if not keys or self._call(self.store.check, list(keys)):
                 values = [self._call(self.store.get, k) for k in keys]
                 if ready is None or ready(values):
@@ -187,6 +209,10 @@ class ControlPlane:
                 self._last_hb_check = now
                 self.check_heartbeats(watch, now)
             if now > deadline or (stop is not None and stop.is_set()):
+                missing = [k for k in keys if not self._call(self.store.check, [k])]
+                if missing:
+                    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+                    what = f"{what} (missing {', '.join(missing[:3])}{more})"
                 raise DeadlineExceeded(self.me, what, self.timeout_s)
             time.sleep(sleep_s)
             sleep_s = min(sleep_s * 2, 0.02)
@@ -197,6 +223,7 @@ class ControlPlane:
             self.monitor.observe(who, self.counter(self.keys.heartbeat(who.key)), now)
             if self.monitor.dead(who, now):
                 silent = self.monitor.silent_for(who, now) or 0.0
+                self.monitor.mark_dead(who)
                 raise PeerFailed(self.me, who, f"no heartbeat for {silent:.1f}s (process died or hung)")
 
     # -- failures -------------------------------------------------------------------------
@@ -211,19 +238,20 @@ class ControlPlane:
         except RuntimeError:
             log.warning("%s: could not publish failure %s (store unreachable)", self.me, msg)
 
-    def failures(self, epoch: int) -> list[Failure]:
+    def failures(self, epoch: int, since: int = 0) -> list[Failure]:
+        """Failures published in ``epoch`` after the first ``since``."""
         n = self.counter(self.keys.failures(epoch))
         out = []
-        for i in range(1, n + 1):
+        for i in range(since + 1, n + 1):
             got = self.get(self.keys.failure(epoch, i), Failure)
             if got is not None:
                 out.append(got)
         return out
 
-    def raise_failures(self, epoch: int) -> None:
-        if self.counter(self.keys.failures(epoch)) == 0:
+    def raise_failures(self, epoch: int, since: int = 0) -> None:
+        if self.counter(self.keys.failures(epoch)) <= since:
             return
-        for f in self.failures(epoch):
+        for f in self.failures(epoch, since):
             who = RankId(f.side, f.rank)
             if who != self.me:
                 raise PeerFailed(self.me, who, f"{f.error}: {f.message}")
@@ -274,12 +302,12 @@ class ControlPlane:
 def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Mapping[RankId, str]) -> None:
     """Raise :class:`HandshakeMismatch` for the first disagreement, in a fixed order on every rank.
 
-    Order: spec hash, then plan hash (both compared with ``me``'s hello), then each
+    Order: spec hash, plan hash, wire options (compared with ``me``'s hello), then each
     member's dtypes compared with what the spec says that rank holds.
     """
     mine = hellos[me]
     order = sorted(hellos, key=lambda r: (r.side != "trainer", r.rank))
-    for field in ("spec_hash", "plan_hash", "epoch"):
+    for field in ("spec_hash", "plan_hash", "wire", "epoch"):
         for peer in order:
             theirs = getattr(hellos[peer], field)
             if theirs != getattr(mine, field):

@@ -104,7 +104,8 @@ class TransportDataPlane:
         if self.chunk_bytes is not None:
             kwargs["chunk_bytes"] = self.chunk_bytes
         t0 = time.perf_counter()
-        stats = Executor(plan, self.group, **kwargs).run(tensors, dst=dst, on_round=on_round)
+        hook = None if on_round is None else (lambda index, _stats: on_round(index))
+        stats = Executor(plan, self.group, **kwargs).run(tensors, dst=dst, on_round=hook)
         return RunStats(
             int(getattr(stats, "bytes_sent", 0)),
             int(getattr(stats, "bytes_received", 0)),

@@ -88,6 +88,7 @@ class Hello(_Message):
     plan_hash: str
     dtypes: str  # digest of the rank's real local tensor dtypes, name-sorted
     dtype_diffs: tuple[str, ...] = ()  # "name: spec bfloat16, tensor float32" (first few)
+    wire: str = ""  # data-plane options that shape the wire (e.g. "checksums=False")
     nonce: str
 
 

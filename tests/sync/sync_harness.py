@@ -1,0 +1,79 @@
+"""Shared helpers: a tiny spec, canonical weights per version, bridges in threads over a HashStore."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from weightbridge.bridge import RolloutBridge, TrainerBridge
+from weightbridge.sync.verify import local_tensors, mismatches
+from weightbridge.transport.pack import torch_dtype
+
+from sync_fakes import StoreDataPlane
+
+
+def spec_text(mode: str = "sync", max_staleness: int = 1, timeout_s: float = 10.0, round_bytes: str = "8KiB",
+              trainer: str = "{preset: fsdp2, mesh: {dp: 2}}",
+              rollout: str = "{preset: vllm, instances: 2, mesh: {tp: 2}}") -> str:
+    return (
+        "version: 1\n"
+        "model: {bundled: tiny-qwen2}\n"
+        f"trainer: {trainer}\n"
+        f"rollout: {rollout}\n"
+        f"sync: {{mode: {mode}, max_staleness: {max_staleness}, round_bytes: {round_bytes}, timeout_s: {timeout_s}}}\n"
+    )
+
+
+def canonical(resolved, version: int) -> dict[str, torch.Tensor]:
+    """Deterministic canonical weights of ``version`` (distinct per version)."""
+    g = torch.Generator().manual_seed(1000 + version)
+    return {t.name: torch.randn(t.shape, generator=g).to(torch_dtype(t.dtype)) for t in resolved.canonical.tensors}
+
+
+def set_weights(layout, tensors, canon) -> None:
+    fresh = local_tensors(layout, canon)
+    with torch.no_grad():
+        for name, t in tensors.items():
+            t.copy_(fresh[name])
+
+
+class Threads:
+    """Run bridge endpoints in threads on one HashStore; collect results and exceptions."""
+
+    def __init__(self) -> None:
+        self.store = dist.HashStore()
+        self.pool = ThreadPoolExecutor(max_workers=16)
+        self.futures = {}
+
+    def start(self, name, fn, *args, **kw):
+        self.futures[name] = self.pool.submit(fn, *args, **kw)
+        return self.futures[name]
+
+    def result(self, name, timeout=30):
+        return self.futures[name].result(timeout=timeout)
+
+    def exception(self, name, timeout=30):
+        return self.futures[name].exception(timeout=timeout)
+
+    def close(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def trainer_bridge(resolved, rank, store, version0=0, **kw):
+    tensors = local_tensors(resolved.trainer.ranks[rank], canonical(resolved, version0))
+    kw.setdefault("heartbeat_s", 0.05)
+    kw.setdefault("data_plane", StoreDataPlane(f"trainer {rank}"))
+    return TrainerBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors
+
+
+def rollout_bridge(resolved, rank, store, **kw):
+    tensors = local_tensors(resolved.rollout.ranks[rank], canonical(resolved, -1), fill=7.0)
+    kw.setdefault("heartbeat_s", 0.05)
+    kw.setdefault("data_plane", StoreDataPlane(f"rollout {rank}"))
+    return RolloutBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors
+
+
+def check(resolved, bridge, tensors, version) -> list[str]:
+    return mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))

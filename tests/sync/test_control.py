@@ -1,0 +1,141 @@
+"""The control plane in threads over a HashStore: deadlines, failure fan-out, heartbeats, handshake."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch.distributed as dist
+
+from weightbridge.sync.control import ControlPlane, HeartbeatMonitor, check_hellos
+from weightbridge.sync.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed, RankId
+from weightbridge.sync.messages import Hello, Keys
+
+T0, T1, R0 = RankId("trainer", 0), RankId("trainer", 1), RankId("rollout", 0)
+
+
+def cp(store, who, timeout_s=5.0, heartbeat_s=0.05):
+    return ControlPlane(store, me=who, keys=Keys("t"), timeout_s=timeout_s, heartbeat_s=heartbeat_s)
+
+
+def hello(who, plan="p", spec="s", dtypes="d", diffs=()):
+    return Hello(side=who.side, rank=who.rank, epoch=1, spec_hash=spec, plan_hash=plan, dtypes=dtypes,
+                 dtype_diffs=diffs, nonce="n")
+
+
+def test_a_wait_for_a_key_nobody_writes_raises_deadline_exceeded_naming_what_it_waited_for():
+    c = cp(dist.HashStore(), T0, timeout_s=0.2)
+    t = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match=r"trainer 0: no progress after 0.2s waiting for the answer"):
+        c.wait_for(["t/never"], c.deadline(), "the answer")
+    assert time.monotonic() - t < 1.0
+
+
+def test_a_published_failure_reaches_every_waiting_rank_with_the_failing_rank_message():
+    store = dist.HashStore()
+    waiters = [cp(store, T0), cp(store, R0)]
+    failing = cp(store, T1)
+
+    def wait(c):
+        with pytest.raises(PeerFailed) as info:
+            c.wait_for(["t/never"], c.deadline(), "data", epoch=3)
+        return info.value
+
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(wait, c) for c in waiters]
+        time.sleep(0.05)
+        failing.publish_failure(3, ValueError("disk on fire"))
+        errs = [f.result(timeout=5) for f in futs]
+    for e, who in zip(errs, ("trainer 0", "rollout 0")):
+        assert (e.rank, e.peer) == (who, "trainer 1")
+        assert "ValueError: disk on fire" in e.message
+
+
+def test_failures_of_an_earlier_push_are_ignored_with_since():
+    store = dist.HashStore()
+    cp(store, T1).publish_failure(1, RuntimeError("old"))
+    c = cp(store, T0, timeout_s=0.1)
+    with pytest.raises(DeadlineExceeded):
+        c.wait_for(["t/never"], c.deadline(), "x", epoch=1, since=1)
+    with pytest.raises(PeerFailed, match="old"):
+        c.wait_for(["t/never"], c.deadline(), "x", epoch=1, since=0)
+
+
+def test_peer_failed_is_not_republished():
+    store = dist.HashStore()
+    c = cp(store, T0)
+    c.publish_failure(1, PeerFailed(T0, T1, "x"))
+    assert c.failures(1) == []
+
+
+def test_a_rank_whose_heartbeat_stops_is_reported_dead_while_watched():
+    store = dist.HashStore()
+    dead = cp(store, T1, heartbeat_s=0.05)
+    dead.start_heartbeat()
+    time.sleep(0.2)
+    dead.stop_heartbeat()  # the process "dies"
+    c = ControlPlane(store, me=T0, keys=Keys("t"), timeout_s=10, heartbeat_s=0.05, dead_after_s=0.5)
+    t = time.monotonic()
+    with pytest.raises(PeerFailed, match=r"peer trainer 1 failed: no heartbeat"):
+        c.wait_for(["t/never"], c.deadline(), "x", watch=[T1])
+    assert time.monotonic() - t < 3
+    assert c.monitor.known_dead(T1, c.counter("t/hb/trainer/1"))
+
+
+def test_a_live_heartbeat_is_not_reported_and_a_rank_never_seen_is_left_to_the_deadline():
+    store = dist.HashStore()
+    alive = cp(store, T1, heartbeat_s=0.05)
+    alive.start_heartbeat()
+    c = ControlPlane(store, me=T0, keys=Keys("t"), timeout_s=0.8, heartbeat_s=0.05, dead_after_s=0.3)
+    with pytest.raises(DeadlineExceeded):
+        c.wait_for(["t/never"], c.deadline(), "x", watch=[T1, R0])  # R0 never started: deadline
+    alive.stop_heartbeat()
+
+
+def test_heartbeat_monitor_restarts_its_clock_after_a_gap_in_watching():
+    m = HeartbeatMonitor(dead_after_s=1.0)
+    for now in (0.0, 0.4, 0.8):
+        m.observe(T1, 5, now=now)
+    assert not m.dead(T1, 0.8)
+    m.observe(T1, 5, now=1.2)
+    assert m.dead(T1, 1.2)
+    m.observe(T1, 5, now=10.0)  # not watched for 8.8s: cannot tell when it stopped
+    assert not m.dead(T1, 10.0)
+
+
+def test_a_plan_hash_mismatch_fails_the_handshake_on_every_rank_naming_both_sides():
+    store = dist.HashStore()
+    members = [T0, T1, R0]
+    plans = {T0: "aaa", T1: "aaa", R0: "bbb"}
+
+    def run(who):
+        c = cp(store, who)
+        with pytest.raises(HandshakeMismatch) as info:
+            c.handshake(hello(who, plan=plans[who]), members, {}, c.deadline())
+        return info.value
+
+    with ThreadPoolExecutor(3) as pool:
+        errs = dict(zip(members, pool.map(run, members)))
+    assert str(errs[T0]) == "trainer 0: handshake mismatch on plan_hash: trainer 0 has aaa, rollout 0 has bbb"
+    assert str(errs[T1]) == "trainer 1: handshake mismatch on plan_hash: trainer 1 has aaa, rollout 0 has bbb"
+    assert str(errs[R0]) == "rollout 0: handshake mismatch on plan_hash: rollout 0 has bbb, trainer 0 has aaa"
+
+
+def test_a_dtype_mismatch_names_the_rank_and_its_tensors():
+    hellos = {T0: hello(T0, dtypes="x"), R0: hello(R0, dtypes="y", diffs=("qkv: spec bfloat16, tensor float32",))}
+    with pytest.raises(HandshakeMismatch) as info:
+        check_hellos(T0, hellos, {T0: "x", R0: "z"})
+    e = info.value
+    assert (e.field, e.peer) == ("dtypes", "rollout 0")
+    assert "qkv: spec bfloat16, tensor float32" in str(e)
+
+
+def test_a_store_that_went_away_is_reported_as_the_store_host_failing():
+    class Gone:
+        def check(self, keys):
+            raise RuntimeError("Connection reset by peer")
+
+    c = ControlPlane(Gone(), me=R0, keys=Keys("t"), timeout_s=1)
+    with pytest.raises(PeerFailed, match="peer trainer 0 failed: control store unreachable"):
+        c.wait_for(["k"], c.deadline(), "x")

@@ -1,0 +1,49 @@
+"""Build local tensors from canonical ones and check them bitwise, through the layout IR (tests, demo).
+
+Both functions walk a rank's :class:`~weightbridge.layout.ir.RankLayout` pieces: the
+canonical box of each piece against the local box it lives in. Padding elements (no
+piece) are neither written nor checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from weightbridge.layout.box import box_shape, format_box
+from weightbridge.layout.ir import RankLayout
+from weightbridge.transport.pack import read_canonical, torch_dtype, write_canonical
+
+
+def _slices(box):
+    return tuple(slice(a, b) for a, b in box)
+
+
+def local_tensors(layout: RankLayout, canonical: Mapping[str, torch.Tensor], device: str | torch.device = "cpu",
+                  fill: float = 0.0) -> dict[str, torch.Tensor]:
+    """Rank ``layout``'s tensors (spec shapes and dtypes) holding ``canonical``'s values; padding = ``fill``."""
+    out = {}
+    for t in layout.tensors:
+        local = torch.full(t.shape, fill, dtype=torch_dtype(t.dtype), device=device)
+        for p in t.pieces:
+            write_canonical(local, p.local_box, p.transpose, canonical[p.canonical][_slices(p.canonical_box)])
+        out[t.name] = local
+    return out
+
+
+def mismatches(layout: RankLayout, tensors: Mapping[str, torch.Tensor], canonical: Mapping[str, torch.Tensor],
+               limit: int = 5) -> list[str]:
+    """Pieces of ``layout`` whose local values differ bitwise from ``canonical`` (cast to the local dtype)."""
+    out: list[str] = []
+    for t in layout.tensors:
+        local = tensors[t.name]
+        for p in t.pieces:
+            got = read_canonical(local, p.local_box, p.transpose, box_shape(p.canonical_box))
+            want = canonical[p.canonical][_slices(p.canonical_box)].to(local.dtype)
+            if not torch.equal(got.cpu(), want.cpu()):
+                out.append(f"{layout.side} {layout.rank} {t.name}{format_box(p.local_box)} != "
+                           f"{p.canonical}{format_box(p.canonical_box)}")
+                if len(out) >= limit:
+                    return out
+    return out
