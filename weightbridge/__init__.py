@@ -30,6 +30,16 @@ _EXPORTS = {
     "validate_plan": "weightbridge.plan",
     "plan_metrics": "weightbridge.plan",
     "TransferPlan": "weightbridge.plan",
+    "TrainerBridge": "weightbridge.bridge",
+    "RolloutBridge": "weightbridge.bridge",
+    "ColocatedBridge": "weightbridge.bridge",
+    "PushStats": "weightbridge.bridge",
+    "BridgeError": "weightbridge.errors",
+    "PeerFailed": "weightbridge.sync.errors",
+    "DeadlineExceeded": "weightbridge.sync.errors",
+    "HandshakeMismatch": "weightbridge.sync.errors",
+    "TornModelError": "weightbridge.sync.errors",
+    "TransportError": "weightbridge.transport.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from weightbridge.bridge import RolloutBridge, TrainerBridge
-from weightbridge.sync.verify import local_tensors, mismatches
+from weightbridge.sync.verify import mismatches
+from weightbridge.transport.localrun import materialize
 from weightbridge.transport.pack import torch_dtype
 
 from sync_fakes import StoreDataPlane
@@ -33,7 +34,7 @@ def canonical(resolved, version: int) -> dict[str, torch.Tensor]:
 
 
 def set_weights(layout, tensors, canon) -> None:
-    fresh = local_tensors(layout, canon)
+    fresh = materialize(layout, canon)
     with torch.no_grad():
         for name, t in tensors.items():
             t.copy_(fresh[name])
@@ -62,14 +63,14 @@ class Threads:
 
 
 def trainer_bridge(resolved, rank, store, version0=0, **kw):
-    tensors = local_tensors(resolved.trainer.ranks[rank], canonical(resolved, version0))
+    tensors = materialize(resolved.trainer.ranks[rank], canonical(resolved, version0))
     kw.setdefault("heartbeat_s", 0.05)
     kw.setdefault("data_plane", StoreDataPlane(f"trainer {rank}"))
     return TrainerBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors
 
 
 def rollout_bridge(resolved, rank, store, **kw):
-    tensors = local_tensors(resolved.rollout.ranks[rank], canonical(resolved, -1), fill=7.0)
+    tensors = materialize(resolved.rollout.ranks[rank], canonical(resolved, -1), fill=7.0)
     kw.setdefault("heartbeat_s", 0.05)
     kw.setdefault("data_plane", StoreDataPlane(f"rollout {rank}"))
     return RolloutBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors

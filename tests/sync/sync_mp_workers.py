@@ -14,7 +14,8 @@ import torch
 
 from weightbridge.bridge import RolloutBridge, TrainerBridge, load_spec
 from weightbridge.sync.errors import BridgeError, TornModelError
-from weightbridge.sync.verify import local_tensors, mismatches
+from weightbridge.sync.verify import mismatches
+from weightbridge.transport.localrun import materialize
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.pack import torch_dtype
 from weightbridge.transport.store import open_store
@@ -47,7 +48,7 @@ def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
         while not store.check([f"wb/join/rollout/{rr}"]):
             time.sleep(0.01)
     layout = r.trainer.ranks[rank]
-    tensors = local_tensors(layout, canonical(r, 0))
+    tensors = materialize(layout, canonical(r, 0))
     if opts.get("dtype"):
         tensors = {k: v.to(torch_dtype(opts["dtype"])) for k, v in tensors.items()}
     current = {"v": None}
@@ -68,7 +69,7 @@ def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
     except TYPED as exc:
         return [("error", None, type(exc).__name__, str(exc), time.time())]
     for v in opts["versions"]:
-        fresh = local_tensors(layout, canonical(r, v))
+        fresh = materialize(layout, canonical(r, v))
         with torch.no_grad():
             for name, t in tensors.items():
                 t.copy_(fresh[name])
@@ -103,7 +104,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
         while not store.check([opts["start_key"]]):
             time.sleep(0.01)
     layout = r.rollout.ranks[rank]
-    tensors = local_tensors(layout, canonical(r, -1), fill=7.0)
+    tensors = materialize(layout, canonical(r, -1), fill=7.0)
     if opts.get("dtype"):
         tensors = {k: v.to(torch_dtype(opts["dtype"])) for k, v in tensors.items()}
     kill = opts.get("kill")

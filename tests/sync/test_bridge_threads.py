@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from weightbridge.bridge import ColocatedBridge, DeadlineExceeded, NothingToApply, PeerFailed, load_spec
-from weightbridge.sync.verify import local_tensors
+from weightbridge.transport.localrun import materialize
 
 from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
 
@@ -204,7 +204,7 @@ def test_apply_before_anything_arrived_raises_and_versions_must_increase():
 
 def test_wrong_tensor_shapes_are_rejected_before_joining():
     r = load_spec(spec_text(rollout=ONE_INSTANCE))
-    tensors = local_tensors(r.rollout.ranks[0], canonical(r, 0))
+    tensors = materialize(r.rollout.ranks[0], canonical(r, 0))
     tensors["model.norm.weight"] = torch.zeros(3, dtype=torch.bfloat16)
     del tensors["model.layers.0.mlp.down_proj.weight"]
     from weightbridge.bridge import RolloutBridge
@@ -217,8 +217,8 @@ def test_wrong_tensor_shapes_are_rejected_before_joining():
 
 def test_colocated_bridge_copies_plan_items_directly_bitwise_and_casts():
     r = load_spec(spec_text(mode="colocated", trainer="{preset: fsdp2, mesh: {dp: 2}, dtype: float32}"))
-    trainer = {t.rank: local_tensors(t, canonical(r, 0)) for t in r.trainer.ranks}
-    rollout = {x.rank: local_tensors(x, canonical(r, -1), fill=3.0) for x in r.rollout.ranks}
+    trainer = {t.rank: materialize(t, canonical(r, 0)) for t in r.trainer.ranks}
+    rollout = {x.rank: materialize(x, canonical(r, -1), fill=3.0) for x in r.rollout.ranks}
     bridge = ColocatedBridge.from_spec(r, trainer=trainer, rollout=rollout)
     for v in (1, 2):
         for t in r.trainer.ranks:
@@ -239,7 +239,7 @@ def test_trainer_rank_0_hosts_the_control_store_at_host_and_port():
     r = load_spec(spec_text(mode="sync", timeout_s=5, rollout=ONE_INSTANCE))
     kw = {"heartbeat_s": 0.05}
     def tensors(layout, v):
-        return local_tensors(layout, canonical(r, v))
+        return materialize(layout, canonical(r, v))
 
     t0 = TrainerBridge.from_spec(r, rank=0, tensors=tensors(r.trainer.ranks[0], 1), host="127.0.0.1", port=0,
                                  data_plane=StoreDataPlane(), **kw)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from weightbridge.plan import validate_plan
-from weightbridge.transport import ChecksumError, PeerFailed, PeerTimeout, TransportError, open_store
+from weightbridge.transport import ChecksumError, PeerDisconnected, PeerTimeout, TransportError, open_store
 from weightbridge.transport.localrun import launch
 
 from transport_workers import make_plan, resolve, transfer  # noqa: I001 - sibling module (tests/transport)
@@ -168,7 +168,7 @@ def test_sender_killed_mid_run_raises_on_receivers() -> None:
     for q in sorted(late):
         res = results[2 + q]
         assert not res.ok, res
-        assert isinstance(res.error, (PeerFailed, PeerTimeout)), res.traceback
+        assert isinstance(res.error, (PeerDisconnected, PeerTimeout)), res.traceback
         assert res.error.rank == 2 + q
     assert any(results[2 + q].error.peer == 0 for q in late), [str(results[2 + q].error) for q in late]
     assert seconds < WALL_S
@@ -183,7 +183,7 @@ def test_receiver_killed_mid_run_raises_on_senders() -> None:
     errors = [res.error for res in trainers if not res.ok]
     assert errors, "a trainer sending to a dead receiver must fail"
     for e in errors:
-        assert isinstance(e, (PeerFailed, PeerTimeout)), e
+        assert isinstance(e, (PeerDisconnected, PeerTimeout)), e
     assert all(not res.timed_out for res in results)
 
 
@@ -195,7 +195,7 @@ def test_stalled_sender_gives_peer_timeout() -> None:
     )
     for res in results[2:]:
         assert not res.ok and isinstance(res.error, TransportError), res
-        assert isinstance(res.error, (PeerTimeout, PeerFailed))
+        assert isinstance(res.error, (PeerTimeout, PeerDisconnected))
     assert any(isinstance(res.error, PeerTimeout) for res in results[2:])
 
 

@@ -19,15 +19,11 @@ version every rollout rank applied matched bitwise and every rank reached the la
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import multiprocessing.connection as mpc
 import os
-import signal
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,47 +39,27 @@ _PRELOAD = [
 ]
 
 
-def _child(fn: Callable, job: dict, conn: Any) -> None:
-    import torch
+def _job(kind: str, job: dict) -> Any:
+    from weightbridge.demo import workers
 
-    torch.set_num_threads(1)
-    try:
-        msg: tuple = ("ok", fn(job))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        msg = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    try:
-        conn.send(msg)
-        conn.close()
-    finally:
-        os._exit(0)
+    return (workers.trainer_main if kind == "trainer" else workers.rollout_main)(job)
 
 
-def _launch(jobs: Sequence[tuple[str, Callable, dict]], timeout_s: float) -> dict[str, tuple]:
-    """Run each ``fn(job)`` in its own process; kill whatever still runs at ``timeout_s``."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    procs, conns = {}, {}
-    for name, fn, job in jobs:
-        r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, job, w), daemon=True, name=name)
-        p.start()
-        w.close()
-        procs[name], conns[name] = p, r
+def _launch(jobs: Sequence[tuple[str, str, dict]], timeout_s: float) -> dict[str, tuple]:
+    """Run each ``(name, kind, job)`` in its own process; whatever still runs at ``timeout_s`` is killed."""
+    from weightbridge.transport.localrun import launch
+
+    results = launch(_job, [(kind, job) for _, kind, job in jobs], timeout_s=timeout_s, preload=_PRELOAD)
     out: dict[str, tuple] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(out) < len(procs) and time.monotonic() < deadline:
-        waiting = {c: n for n, c in conns.items() if n not in out}
-        for c in mpc.wait(list(waiting), timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
-            try:
-                out[waiting[c]] = c.recv()
-            except (EOFError, OSError):
-                out[waiting[c]] = ("error", f"process exited with code {procs[waiting[c]].exitcode}", "")
-    for name, p in procs.items():
-        if name not in out:
+    for (name, _, _), res in zip(jobs, results):
+        if res.ok:
+            out[name] = ("ok", res.value)
+        elif res.timed_out:
             out[name] = ("error", f"killed at the {timeout_s:.0f}s deadline", "")
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-        p.join(5)
+        elif res.error is not None:
+            out[name] = ("error", f"{type(res.error).__name__}: {res.error}", res.traceback)
+        else:
+            out[name] = ("error", f"process exited with code {res.exitcode}", "")
     return out
 
 
@@ -92,7 +68,6 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo and return its report (``verified``, one row per version, errors)."""
     from weightbridge.bridge import load_spec
-    from weightbridge.demo import workers
     from weightbridge.transport.store import open_store
 
     t0 = time.perf_counter()
@@ -109,8 +84,8 @@ def run_demo(
         "host": HOST, "port": store.port, "timeout_s": min(60.0, timeout_s), "modes": list(modes), "steps": steps,
         "specs": {m: str(p) for m, p in specs.items()}, "workdir": str(workdir), "num_trainers": num_trainers,
     }
-    jobs = [(f"trainer {t}", workers.trainer_main, {**base, "rank": t}) for t in range(num_trainers)]
-    jobs += [(f"rollout {r}", workers.rollout_main, {**base, "rank": r}) for r in range(num_rollout)]
+    jobs = [(f"trainer {t}", "trainer", {**base, "rank": t}) for t in range(num_trainers)]
+    jobs += [(f"rollout {r}", "rollout", {**base, "rank": r}) for r in range(num_rollout)]
     results = _launch(jobs, timeout_s)
     report = _report(results, modes=modes, steps=steps, num_rollout=num_rollout, resolved=first)
     report["wall_s"] = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from weightbridge.layout.ir import DTYPE_ALIASES, DTYPE_BYTES, normalize_dtype
 from weightbridge.layout.presets import PRESET_NAMES
 from weightbridge.layout.rules import Rule
+from weightbridge.plan.network import NetworkSpec, PresetName
 
 SPEC_VERSION = 1
 
@@ -126,6 +127,6 @@ class Spec(_Strict):
     trainer: SideSpec
     rollout: SideSpec
     sync: SyncSpec = Field(default_factory=SyncSpec)
-    network: dict[str, Any] | str | None = Field(
-        default=None, description="Network for the cost model: a preset name or fields (see docs/planner.md)."
+    network: PresetName | NetworkSpec | None = Field(
+        default=None, description="Network for the cost model: a preset name (h100, h200, cpu-gloo) or fields (docs/planner.md)."
     )

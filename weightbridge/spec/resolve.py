@@ -31,6 +31,7 @@ from weightbridge.layout.expand import ExpandProblem, Origin, SideConfig, expand
 from weightbridge.layout.ir import CanonicalModel, SideLayout
 from weightbridge.layout.presets import load_preset, merge_rules
 from weightbridge.layout.templates import skeleton
+from weightbridge.plan.network import NetworkSpec
 from weightbridge.spec.errors import SpecErrors, SpecProblem
 from weightbridge.spec.models import BYTES_PATTERN, ModelSource, SideSpec, Spec, SyncSpec
 from weightbridge.spec.schema import spec_schema
@@ -55,7 +56,7 @@ class ResolvedSpec:
         return self.spec.sync
 
     @property
-    def network(self) -> dict[str, Any] | str | None:
+    def network(self) -> NetworkSpec | str | None:
         return self.spec.network
 
     def side(self, name: str) -> SideLayout:
@@ -169,15 +170,26 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Colle
         if any(f.get("pattern") == BYTES_PATTERN for f in forms):
             col.add(path, f"{err.instance!r} is not a byte size", "an integer or a size such as '256MiB'")
             return
-        best = jsonschema.exceptions.best_match(err.context or [])
-        if best is not None and list(best.absolute_path) == list(err.absolute_path) and best.validator in ("type", "enum"):
-            _report_schema_error(best, path, col)
+        context = list(err.context or [])
+        deep = [e for e in context if list(e.relative_path)]  # the branch whose type matched went deeper
+        if deep:
+            for sub_err in deep:
+                sub = path
+                for key in sub_err.relative_path:
+                    sub = child_path(sub, key)
+                _report_schema_error(sub_err, sub, col)
             return
-        if best is not None and list(best.relative_path):
-            sub = path
-            for key in best.relative_path:
-                sub = child_path(sub, key)
-            _report_schema_error(best, sub, col)
+        enums = [e for e in context if e.validator == "enum" and isinstance(err.instance, str)]
+        if enums:
+            _report_schema_error(enums[0], path, col)
+            return
+        checks = [e for e in context if e.validator != "type"]  # a branch of the right type failed a check
+        if checks:
+            _report_schema_error(checks[0], path, col)
+            return
+        types = sorted({str(t) for e in context if e.validator == "type" for t in ([e.validator_value] if isinstance(e.validator_value, str) else e.validator_value)})
+        if types:
+            col.add(path, f"expected {' or '.join(types)}, got {type(err.instance).__name__} {err.instance!r}")
             return
         col.add(path, f"{err.instance!r} does not match any allowed form")
         return
@@ -190,6 +202,8 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Colle
 def _model_pass(data: dict[str, Any], col: _Collector) -> dict[str, BaseModel]:
     out: dict[str, BaseModel] = {}
     models: dict[str, type[BaseModel]] = {"model": ModelSource, "trainer": SideSpec, "rollout": SideSpec, "sync": SyncSpec}
+    if isinstance(data.get("network"), dict):
+        models["network"] = NetworkSpec
     for key, cls in models.items():
         path = f"$.{key}"
         if key not in data or not col.section_ok(path):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from weightbridge.errors import BridgeError  # re-exported: the root of the runtime's errors
+
 
 class RankId(NamedTuple):
     side: str  # "trainer" | "rollout"
@@ -31,8 +33,6 @@ class RankId(NamedTuple):
         return f"{self.side}/{self.rank}"
 
 
-class BridgeError(RuntimeError):
-    """Base class of the runtime's errors."""
 
 
 class PeerFailed(BridgeError):

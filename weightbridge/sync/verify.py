@@ -1,6 +1,6 @@
-"""Build local tensors from canonical ones and check them bitwise, through the layout IR (tests, demo).
+"""Check local tensors bitwise against canonical ones, through the layout IR (tests, demo).
 
-Both functions walk a rank's :class:`~weightbridge.layout.ir.RankLayout` pieces: the
+(Build expected local tensors with :func:`weightbridge.transport.localrun.materialize`.) :func:`mismatches` walks a rank's :class:`~weightbridge.layout.ir.RankLayout` pieces: the
 canonical box of each piece against the local box it lives in. Padding elements (no
 piece) are neither written nor checked.
 """
@@ -13,23 +13,11 @@ import torch
 
 from weightbridge.layout.box import box_shape, format_box
 from weightbridge.layout.ir import RankLayout
-from weightbridge.transport.pack import read_canonical, torch_dtype, write_canonical
+from weightbridge.transport.pack import read_canonical
 
 
 def _slices(box):
     return tuple(slice(a, b) for a, b in box)
-
-
-def local_tensors(layout: RankLayout, canonical: Mapping[str, torch.Tensor], device: str | torch.device = "cpu",
-                  fill: float = 0.0) -> dict[str, torch.Tensor]:
-    """Rank ``layout``'s tensors (spec shapes and dtypes) holding ``canonical``'s values; padding = ``fill``."""
-    out = {}
-    for t in layout.tensors:
-        local = torch.full(t.shape, fill, dtype=torch_dtype(t.dtype), device=device)
-        for p in t.pieces:
-            write_canonical(local, p.local_box, p.transpose, canonical[p.canonical][_slices(p.canonical_box)])
-        out[t.name] = local
-    return out
 
 
 def mismatches(layout: RankLayout, tensors: Mapping[str, torch.Tensor], canonical: Mapping[str, torch.Tensor],

@@ -29,12 +29,12 @@ Contract:
   at most ``2 x plan.round_bytes``; ``keep_buffers=False`` or ``release_buffers()`` frees them);
 * on a rollout rank only the boxes named by the plan (and its local copies) are written;
   padding is untouched; nothing is written before the corresponding bytes arrived;
-* any :class:`TransportError` (``PeerTimeout``, ``PeerFailed``, ``ChecksumError``) leaves the
+* any :class:`TransportError` (``PeerTimeout``, ``PeerDisconnected``, ``ChecksumError``) leaves the
   group unusable and the destination possibly partly written (torn): close the group with
   ``abort=True`` and create a new one (new ``prefix``) before the next update.
 """
 
-from weightbridge.transport.errors import ChecksumError, PeerFailed, PeerTimeout, TransportError
+from weightbridge.transport.errors import ChecksumError, PeerDisconnected, PeerTimeout, TransportError
 from weightbridge.transport.executor import ExecStats, Executor, chunk_bounds
 from weightbridge.transport.group import BridgeGroup, backend_for, create_bridge_group
 from weightbridge.transport.pack import apply_local_copies, pack_items, torch_dtype, unpack_items
@@ -45,7 +45,7 @@ __all__ = [
     "ChecksumError",
     "ExecStats",
     "Executor",
-    "PeerFailed",
+    "PeerDisconnected",
     "PeerTimeout",
     "TransportError",
     "apply_local_copies",

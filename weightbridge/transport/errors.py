@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from weightbridge.errors import BridgeError
 
-class TransportError(RuntimeError):
+
+class TransportError(BridgeError):
     """A data-plane failure on bridge rank ``rank`` while talking to bridge rank ``peer`` in ``round``.
 
     ``peer`` is None when no single peer is to blame (e.g. group creation); ``round`` is None
@@ -30,7 +32,7 @@ class PeerTimeout(TransportError):
     """A wait on ``peer`` exceeded the group's deadline (``timeout_s``)."""
 
 
-class PeerFailed(TransportError):
+class PeerDisconnected(TransportError):
     """``peer`` went away (connection closed, process crashed) or the backend reported an error."""
 
 
@@ -42,8 +44,8 @@ class ChecksumError(TransportError):
 
 
 def classify(exc: BaseException) -> type[TransportError]:
-    """Map a backend exception to :class:`PeerTimeout` or :class:`PeerFailed` by its message."""
+    """Map a backend exception to :class:`PeerTimeout` or :class:`PeerDisconnected` by its message."""
     text = str(exc).lower()
     if "timed out" in text or "timeout" in text or isinstance(exc, TimeoutError):
         return PeerTimeout
-    return PeerFailed
+    return PeerDisconnected

@@ -57,7 +57,7 @@ use different resources (GPU copy engines vs NIC, spare cores).
 
 **Deadlines and errors.** Every wait is bounded by ``group.timeout_s``. A failure is raised as a
 :class:`~weightbridge.transport.errors.TransportError` subclass naming this bridge rank, the peer
-and the round: :class:`PeerTimeout` (deadline passed), :class:`PeerFailed` (connection closed,
+and the round: :class:`PeerTimeout` (deadline passed), :class:`PeerDisconnected` (connection closed,
 backend error), :class:`ChecksumError`. After any of them the group is unusable: close it
 (``group.close(abort=True)``) and re-create it.
 """

@@ -185,17 +185,19 @@ def launch(
     timeout_s: float,
     start_method: str = "forkserver",
     threads: int = 1,
+    preload: Sequence[str] = (),
 ) -> list[RankResult]:
     """Run ``fn(*args)`` for each entry of ``args_per_process``, each in a fresh process.
 
     ``fn`` must be importable (module-level). Returns one :class:`RankResult` per process, in
     order. No process outlives ``timeout_s``: any still running then is killed (SIGKILL) and
     reported with ``timed_out=True``. ``forkserver`` (default) starts processes from a server
-    that has already imported torch and weightbridge, so a start costs milliseconds.
+    that has already imported torch and weightbridge (plus ``preload`` modules), so a start
+    costs milliseconds.
     """
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD)
+        ctx.set_forkserver_preload([*_PRELOAD, *preload])
     procs, conns = [], []
     for args in args_per_process:
         r, w = ctx.Pipe(duplex=False)
