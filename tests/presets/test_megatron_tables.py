@@ -42,31 +42,18 @@ Derived from (NVIDIA/Megatron-LM, read for these tables):
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from weightbridge.spec.resolve import check_text
+from preset_helpers import qwen2, tensor_names, view
+from preset_helpers import resolve as _resolve_any
+
+
+def _resolve(model: dict, trainer: dict, rollout: dict | None = None):
+    return _resolve_any(model, trainer=trainer, rollout=rollout)
+
 
 # ---- helpers (restructure only; no sharding arithmetic) ------------------------------------
-
-
-def _box(box) -> str:
-    return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
-
-
-def _names(rank) -> set[str]:
-    return {t.name for t in rank.tensors}
-
-
-def _view(rank, local: str, strip: str = "") -> tuple[tuple[int, ...], list[str]]:
-    """(shape, sorted 'local box <- canonical[box]' strings) of one local tensor."""
-    t = rank.tensor(local)
-    pieces = []
-    for p in t.pieces:
-        name = p.canonical[len(strip) :] if strip and p.canonical.startswith(strip) else p.canonical
-        pieces.append(f"{_box(p.local_box)} <- {name}{_box(p.canonical_box)}" + (".T" if p.transpose else ""))
-    return tuple(t.shape), sorted(pieces)
 
 
 def _check_table(ranks, table: dict, strip: str = "model.layers.0.") -> None:
@@ -74,49 +61,8 @@ def _check_table(ranks, table: dict, strip: str = "model.layers.0.") -> None:
     for local, per_rank in table.items():
         assert len(per_rank) == len(ranks), local
         for rank, (shape, pieces) in zip(ranks, per_rank):
-            assert local in _names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(_names(rank))}"
-            assert _view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
-
-
-def _resolve(model: dict, trainer: dict, rollout: dict | None = None):
-    text = "\n".join(
-        [
-            "version: 1",
-            f"model: {json.dumps(model)}",
-            f"trainer: {json.dumps(trainer)}",
-            f"rollout: {json.dumps(rollout or {'preset': 'hf'})}",
-        ]
-    )
-    resolved, problems = check_text(text)
-    assert problems == [], [str(p) for p in problems]
-    return resolved
-
-
-def _qwen2(vocab: int = 100, tied: bool = False, layers: int = 1) -> dict:
-    """A Qwen2-style model: hidden 64, 8 heads / 2 kv heads of 8, intermediate 96, q/k/v biases."""
-    t = [("model.embed_tokens.weight", [vocab, 64]), ("model.norm.weight", [64])]
-    if not tied:
-        t.append(("lm_head.weight", [vocab, 64]))
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        t += [
-            (p + "input_layernorm.weight", [64]),
-            (p + "post_attention_layernorm.weight", [64]),
-            (p + "self_attn.q_proj.weight", [64, 64]),
-            (p + "self_attn.q_proj.bias", [64]),
-            (p + "self_attn.k_proj.weight", [16, 64]),
-            (p + "self_attn.k_proj.bias", [16]),
-            (p + "self_attn.v_proj.weight", [16, 64]),
-            (p + "self_attn.v_proj.bias", [16]),
-            (p + "self_attn.o_proj.weight", [64, 64]),
-            (p + "mlp.gate_proj.weight", [96, 64]),
-            (p + "mlp.up_proj.weight", [96, 64]),
-            (p + "mlp.down_proj.weight", [64, 96]),
-        ]
-    return {
-        "tensors": [{"name": n, "shape": s, "dtype": "bfloat16"} for n, s in t],
-        "params": {"num_heads": 8, "num_kv_heads": 2, "head_dim": 8, "tie_word_embeddings": tied},
-    }
+            assert local in tensor_names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(tensor_names(rank))}"
+            assert view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
 
 
 # ---- GQA linear_qkv: per query group [4 q heads (32 rows); 1 k head (8); 1 v head (8)] ---------
@@ -175,7 +121,7 @@ MEGATRON_QKV = {
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_linear_qkv_interleaved_per_query_group(tp: int) -> None:
-    resolved = _resolve(_qwen2(), {"preset": "megatron", "mesh": {"tp": tp}})
+    resolved = _resolve(qwen2(), {"preset": "megatron", "mesh": {"tp": tp}})
     _check_table(resolved.trainer.ranks, MEGATRON_QKV[tp])
 
 
@@ -226,7 +172,7 @@ MEGATRON_TP2 = {
 
 
 def test_megatron_tp2_dense_tables() -> None:
-    resolved = _resolve(_qwen2(), {"preset": "megatron", "mesh": {"tp": 2}})
+    resolved = _resolve(qwen2(), {"preset": "megatron", "mesh": {"tp": 2}})
     _check_table(resolved.trainer.ranks, MEGATRON_TP2[2])
     for rank in resolved.trainer.ranks:  # input norms are fused into the next linear (TE spec)
         assert rank.tensor("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight").pieces[0].canonical == (
@@ -250,12 +196,12 @@ LAYER_LOCALS = {
 
 
 def test_megatron_pp2_stage_placement_and_local_layer_names() -> None:
-    resolved = _resolve(_qwen2(layers=4), {"preset": "megatron", "mesh": {"pp": 2}})
+    resolved = _resolve(qwen2(layers=4), {"preset": "megatron", "mesh": {"pp": 2}})
     stage0, stage1 = resolved.trainer.ranks
     assert (dict(stage0.coords)["pp"], dict(stage1.coords)["pp"]) == (0, 1)
     layer_names = {f"decoder.layers.{i}.{n}" for i in (0, 1) for n in LAYER_LOCALS}
-    assert _names(stage0) == layer_names | {"embedding.word_embeddings.weight"}
-    assert _names(stage1) == layer_names | {"decoder.final_layernorm.weight", "output_layer.weight"}
+    assert tensor_names(stage0) == layer_names | {"embedding.word_embeddings.weight"}
+    assert tensor_names(stage1) == layer_names | {"decoder.final_layernorm.weight", "output_layer.weight"}
     # decoder.layers.<local> of stage 1 are the model's layers 2 and 3.
     for local, layer in ((0, 2), (1, 3)):
         t = stage1.tensor(f"decoder.layers.{local}.mlp.linear_fc2.weight")
@@ -281,7 +227,7 @@ def test_megatron_pp2_stage_placement_and_local_layer_names() -> None:
 
 
 def test_megatron_tied_embeddings_pp2_output_layer_on_last_stage() -> None:
-    resolved = _resolve(_qwen2(tied=True, layers=2), {"preset": "megatron", "mesh": {"tp": 2, "pp": 2}})
+    resolved = _resolve(qwen2(tied=True, layers=2), {"preset": "megatron", "mesh": {"tp": 2, "pp": 2}})
     ranks = resolved.trainer.ranks
     first = [r for r in ranks if dict(r.coords)["pp"] == 0]
     last = [r for r in ranks if dict(r.coords)["pp"] == 1]
@@ -291,14 +237,14 @@ def test_megatron_tied_embeddings_pp2_output_layer_on_last_stage() -> None:
     ]
     _check_table(first, {"embedding.word_embeddings.weight": table})
     _check_table(last, {"output_layer.weight": table})
-    assert all("output_layer.weight" not in _names(r) for r in first)
-    assert all("embedding.word_embeddings.weight" not in _names(r) for r in last)
+    assert all("output_layer.weight" not in tensor_names(r) for r in first)
+    assert all("embedding.word_embeddings.weight" not in tensor_names(r) for r in last)
 
 
 def test_megatron_tied_embeddings_pp1_no_output_layer() -> None:
-    resolved = _resolve(_qwen2(tied=True), {"preset": "megatron", "mesh": {"tp": 2}})
+    resolved = _resolve(qwen2(tied=True), {"preset": "megatron", "mesh": {"tp": 2}})
     for rank in resolved.trainer.ranks:
-        names = _names(rank)
+        names = tensor_names(rank)
         assert "output_layer.weight" not in names and "embedding.word_embeddings.weight" in names
         assert "decoder.final_layernorm.weight" in names
 
@@ -318,16 +264,16 @@ MEGATRON_COORDS_TP2_DP2_PP2 = [
 
 
 def test_megatron_rank_order_tp_dp_pp() -> None:
-    resolved = _resolve(_qwen2(layers=2), {"preset": "megatron", "mesh": {"tp": 2, "pp": 2, "dp": 2}})
+    resolved = _resolve(qwen2(layers=2), {"preset": "megatron", "mesh": {"tp": 2, "pp": 2, "dp": 2}})
     ranks = resolved.trainer.ranks
     got = [(dict(r.coords)["tp"], dict(r.coords)["dp"], dict(r.coords)["pp"]) for r in ranks]
     assert got == MEGATRON_COORDS_TP2_DP2_PP2
     # rank 5 = tp 1 of the last stage: the second half of layer 1's linear_proj columns.
-    assert _view(ranks[5], "decoder.layers.0.self_attention.linear_proj.weight", "model.layers.1.") == (
+    assert view(ranks[5], "decoder.layers.0.self_attention.linear_proj.weight", "model.layers.1.") == (
         (64, 32),
         ["[0:64, 0:32] <- self_attn.o_proj.weight[0:64, 32:64]"],
     )
-    assert "output_layer.weight" in _names(ranks[5]) and "embedding.word_embeddings.weight" in _names(ranks[2])
+    assert "output_layer.weight" in tensor_names(ranks[5]) and "embedding.word_embeddings.weight" in tensor_names(ranks[2])
 
 
 # ---- TEGroupedMLP experts (tiny-qwen3-moe: 8 experts, hidden 64, moe intermediate 32) ------------
@@ -576,7 +522,7 @@ def test_megatron_grouped_experts(mesh: dict, table: dict) -> None:
     layer1 = {k.replace("decoder.layers.0.", "decoder.layers.1."): v for k, v in table.items()}
     _check_table(ranks, layer1, strip="model.layers.1.")
     for rank in ranks:
-        names = _names(rank)
+        names = tensor_names(rank)
         fc1 = sorted(n for n in names if n.startswith("decoder.layers.0.mlp.experts.linear_fc1.weight"))
         assert len(fc1) == len([k for k in table if "linear_fc1" in k])  # nothing beyond the table
         # MoE layers keep a separate pre-MLP norm and a replicated router.

@@ -34,28 +34,16 @@ Derived from (sgl-project/sglang, read for these tables):
 
 from __future__ import annotations
 
-import json
 
-from weightbridge.spec.resolve import check_text
+from preset_helpers import qwen2, tensor_names, view
+from preset_helpers import resolve as _resolve_any
+
+
+def _resolve(model: dict, rollout: dict):
+    return _resolve_any(model, rollout=rollout)
+
 
 # ---- helpers (restructure only; no sharding arithmetic) ------------------------------------
-
-
-def _box(box) -> str:
-    return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
-
-
-def _names(rank) -> set[str]:
-    return {t.name for t in rank.tensors}
-
-
-def _view(rank, local: str, strip: str = "") -> tuple[tuple[int, ...], list[str]]:
-    t = rank.tensor(local)
-    pieces = []
-    for p in t.pieces:
-        name = p.canonical[len(strip) :] if strip and p.canonical.startswith(strip) else p.canonical
-        pieces.append(f"{_box(p.local_box)} <- {name}{_box(p.canonical_box)}" + (".T" if p.transpose else ""))
-    return tuple(t.shape), sorted(pieces)
 
 
 def _check_table(ranks, table: dict, strip: str = "") -> None:
@@ -63,49 +51,8 @@ def _check_table(ranks, table: dict, strip: str = "") -> None:
     for local, per_rank in table.items():
         assert len(per_rank) == len(ranks), local
         for rank, (shape, pieces) in zip(ranks, per_rank):
-            assert local in _names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(_names(rank))}"
-            assert _view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
-
-
-def _resolve(model: dict, rollout: dict):
-    text = "\n".join(
-        [
-            "version: 1",
-            f"model: {json.dumps(model)}",
-            "trainer: {preset: hf}",
-            f"rollout: {json.dumps(rollout)}",
-        ]
-    )
-    resolved, problems = check_text(text)
-    assert problems == [], [str(p) for p in problems]
-    return resolved
-
-
-def _qwen2(vocab: int = 100, tied: bool = False, layers: int = 1) -> dict:
-    """A Qwen2-style model: hidden 64, 8 heads / 2 kv heads of 8, intermediate 96, q/k/v biases."""
-    t = [("model.embed_tokens.weight", [vocab, 64]), ("model.norm.weight", [64])]
-    if not tied:
-        t.append(("lm_head.weight", [vocab, 64]))
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        t += [
-            (p + "input_layernorm.weight", [64]),
-            (p + "post_attention_layernorm.weight", [64]),
-            (p + "self_attn.q_proj.weight", [64, 64]),
-            (p + "self_attn.q_proj.bias", [64]),
-            (p + "self_attn.k_proj.weight", [16, 64]),
-            (p + "self_attn.k_proj.bias", [16]),
-            (p + "self_attn.v_proj.weight", [16, 64]),
-            (p + "self_attn.v_proj.bias", [16]),
-            (p + "self_attn.o_proj.weight", [64, 64]),
-            (p + "mlp.gate_proj.weight", [96, 64]),
-            (p + "mlp.up_proj.weight", [96, 64]),
-            (p + "mlp.down_proj.weight", [64, 96]),
-        ]
-    return {
-        "tensors": [{"name": n, "shape": s, "dtype": "bfloat16"} for n, s in t],
-        "params": {"num_heads": 8, "num_kv_heads": 2, "head_dim": 8, "tie_word_embeddings": tied},
-    }
+            assert local in tensor_names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(tensor_names(rank))}"
+            assert view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
 
 
 def _same_as_vllm(model: dict, mesh: dict, renamed: dict[str, str]) -> None:
@@ -140,7 +87,7 @@ def test_sglang_mla_fused_qkv_a_proj_with_mqa() -> None:
     resolved = _resolve({"bundled": "tiny-deepseek-v3"}, {"preset": "sglang", "mesh": {"tp": 2}})
     _check_table(resolved.rollout.ranks, SGLANG_MLA_TP2, strip="model.layers.0.")
     for rank in resolved.rollout.ranks:
-        names = _names(rank)
+        names = tensor_names(rank)
         for layer in range(3):
             p = f"model.layers.{layer}.self_attn."
             assert p + "fused_qkv_a_proj_with_mqa.weight" in names
@@ -157,15 +104,15 @@ def test_sglang_equals_vllm_elsewhere() -> None:
     _same_as_vllm({"bundled": "tiny-deepseek-v3"}, {"tp": 2}, fused)
     _same_as_vllm({"bundled": "tiny-qwen3-moe"}, {"tp": 4, "ep": 4}, {})
     for tp in (2, 8):
-        _same_as_vllm(_qwen2(), {"tp": tp}, {})
-    _same_as_vllm(_qwen2(tied=True), {"tp": 2}, {})  # tied, pp 1: lm_head is embed_tokens, no lm_head tensor
+        _same_as_vllm(qwen2(), {"tp": tp}, {})
+    _same_as_vllm(qwen2(tied=True), {"tp": 2}, {})  # tied, pp 1: lm_head is embed_tokens, no lm_head tensor
 
 
 def test_sglang_tied_embeddings_pp2_last_stage_holds_lm_head() -> None:
     # Qwen2ForCausalLM: with pp > 1 the last rank builds its own ParallelLMHead (padded to 64,
     # split over tp) and load_weights loads model.embed_tokens.weight into lm_head.weight there;
     # embed_tokens itself exists only on the first rank.
-    resolved = _resolve(_qwen2(tied=True, layers=2), {"preset": "sglang", "mesh": {"tp": 2, "pp": 2}})
+    resolved = _resolve(qwen2(tied=True, layers=2), {"preset": "sglang", "mesh": {"tp": 2, "pp": 2}})
     first = [r for r in resolved.rollout.ranks if dict(r.coords)["pp"] == 0]
     last = [r for r in resolved.rollout.ranks if dict(r.coords)["pp"] == 1]
     table = [
@@ -174,7 +121,7 @@ def test_sglang_tied_embeddings_pp2_last_stage_holds_lm_head() -> None:
     ]
     _check_table(first, {"model.embed_tokens.weight": table})
     for rank in last:
-        assert "model.embed_tokens.weight" not in _names(rank)
+        assert "model.embed_tokens.weight" not in tensor_names(rank)
     _check_table(last, {"lm_head.weight": table})
 
 

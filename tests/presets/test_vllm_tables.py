@@ -48,28 +48,19 @@ Derived from (vllm-project/vllm, read for these tables):
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from weightbridge.spec.resolve import check_text
+from preset_helpers import QWEN2_PARAMS, qwen2, tensor_names, view
+from preset_helpers import resolve as _resolve_any
+
+
+def _resolve(model: dict, rollout: dict, trainer: dict | None = None):
+    return _resolve_any(model, trainer=trainer, rollout=rollout)
+
 
 # ---- helpers (restructure only; no sharding arithmetic) ------------------------------------
-
-
-def _box(box) -> str:
-    return "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
-
-
-def _view(rank, local: str, strip: str = "") -> tuple[tuple[int, ...], list[str]]:
-    """(shape, sorted 'local box <- canonical[box]' strings) of one local tensor."""
-    t = rank.tensor(local)
-    pieces = []
-    for p in t.pieces:
-        name = p.canonical[len(strip) :] if strip and p.canonical.startswith(strip) else p.canonical
-        pieces.append(f"{_box(p.local_box)} <- {name}{_box(p.canonical_box)}" + (".T" if p.transpose else ""))
-    return tuple(t.shape), sorted(pieces)
 
 
 def _expect(entry) -> tuple[tuple[int, ...], list[str]]:
@@ -83,56 +74,8 @@ def _check_table(ranks, table: dict, layer: int | None = 0) -> None:
         full = local if local.startswith(("model.embed_tokens", "lm_head", "model.norm")) else prefix + local
         assert len(per_rank) == len(ranks), local
         for r, (rank, entry) in enumerate(zip(ranks, per_rank)):
-            assert full in _names(rank), f"rank {rank.rank} holds no {full}; it holds {sorted(_names(rank))}"
-            assert _view(rank, full, prefix) == _expect(entry), f"{full} on rank {rank.rank}"
-
-
-def _resolve(model: dict, rollout: dict, trainer: dict | None = None):
-    text = "\n".join(
-        [
-            "version: 1",
-            f"model: {json.dumps(model)}",
-            f"trainer: {json.dumps(trainer or {'preset': 'hf'})}",
-            f"rollout: {json.dumps(rollout)}",
-        ]
-    )
-    resolved, problems = check_text(text)
-    assert problems == [], [str(p) for p in problems]
-    return resolved
-
-
-QWEN2_PARAMS = {"num_heads": 8, "num_kv_heads": 2, "head_dim": 8}
-
-
-def _qwen2(vocab: int = 100, tied: bool = False, layers: int = 1) -> dict:
-    """A Qwen2-style model: hidden 64, 8 heads / 2 kv heads of 8, intermediate 96, q/k/v biases."""
-    t = [("model.embed_tokens.weight", [vocab, 64]), ("model.norm.weight", [64])]
-    if not tied:
-        t.append(("lm_head.weight", [vocab, 64]))
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        t += [
-            (p + "input_layernorm.weight", [64]),
-            (p + "post_attention_layernorm.weight", [64]),
-            (p + "self_attn.q_proj.weight", [64, 64]),
-            (p + "self_attn.q_proj.bias", [64]),
-            (p + "self_attn.k_proj.weight", [16, 64]),
-            (p + "self_attn.k_proj.bias", [16]),
-            (p + "self_attn.v_proj.weight", [16, 64]),
-            (p + "self_attn.v_proj.bias", [16]),
-            (p + "self_attn.o_proj.weight", [64, 64]),
-            (p + "mlp.gate_proj.weight", [96, 64]),
-            (p + "mlp.up_proj.weight", [96, 64]),
-            (p + "mlp.down_proj.weight", [64, 96]),
-        ]
-    return {
-        "tensors": [{"name": n, "shape": s, "dtype": "bfloat16"} for n, s in t],
-        "params": {**QWEN2_PARAMS, "tie_word_embeddings": tied},
-    }
-
-
-def _names(rank) -> set[str]:
-    return {t.name for t in rank.tensors}
+            assert full in tensor_names(rank), f"rank {rank.rank} holds no {full}; it holds {sorted(tensor_names(rank))}"
+            assert view(rank, full, prefix) == _expect(entry), f"{full} on rank {rank.rank}"
 
 
 # ---- dense Qwen2-style: qkv / o / gate_up / down / embed / lm_head per TP rank ------------------
@@ -615,22 +558,22 @@ VLLM_VOCAB_130_TP2 = {
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_vllm_qwen2_tables(tp: int) -> None:
-    resolved = _resolve(_qwen2(), {"preset": "vllm", "mesh": {"tp": tp}})
+    resolved = _resolve(qwen2(), {"preset": "vllm", "mesh": {"tp": tp}})
     ranks = resolved.rollout.ranks
     assert [dict(r.coords)["tp"] for r in ranks] == list(range(tp))  # vLLM: rank = tp rank (pp 1)
     _check_table(ranks, VLLM_QWEN2[tp])
 
 
 def test_vllm_vocab_padding_last_rank_partly_real() -> None:
-    resolved = _resolve(_qwen2(vocab=130), {"preset": "vllm", "mesh": {"tp": 2}})
+    resolved = _resolve(qwen2(vocab=130), {"preset": "vllm", "mesh": {"tp": 2}})
     _check_table(resolved.rollout.ranks, VLLM_VOCAB_130_TP2, layer=None)
 
 
 def test_vllm_tied_embeddings_have_no_lm_head() -> None:
     # Qwen2ForCausalLM: lm_head *is* model.embed_tokens when tied; load_weights skips "lm_head.".
-    resolved = _resolve(_qwen2(tied=True), {"preset": "vllm", "mesh": {"tp": 2}})
+    resolved = _resolve(qwen2(tied=True), {"preset": "vllm", "mesh": {"tp": 2}})
     for rank in resolved.rollout.ranks:
-        assert not any(n.startswith("lm_head") for n in _names(rank)), sorted(_names(rank))
+        assert not any(n.startswith("lm_head") for n in tensor_names(rank)), sorted(tensor_names(rank))
     _check_table(
         resolved.rollout.ranks, {"model.embed_tokens.weight": VLLM_QWEN2[2]["model.embed_tokens.weight"]}, layer=None
     )
@@ -640,7 +583,7 @@ def test_vllm_tied_embeddings_pp2_last_stage_holds_embed_tokens() -> None:
     # Qwen2Model.__init__: embed_tokens exists on the first PP rank *or* (tie_word_embeddings and the
     # last PP rank), and lm_head = model.embed_tokens there; so with tied embeddings the last stage
     # holds model.embed_tokens.weight too (padded to 128, whole at tp 1), loaded from the checkpoint.
-    resolved = _resolve(_qwen2(tied=True, layers=2), {"preset": "vllm", "mesh": {"tp": 1, "pp": 2}})
+    resolved = _resolve(qwen2(tied=True, layers=2), {"preset": "vllm", "mesh": {"tp": 1, "pp": 2}})
     first, last = resolved.rollout.ranks
     assert dict(first.coords)["pp"] == 0 and dict(last.coords)["pp"] == 1
     expected = {
@@ -651,8 +594,8 @@ def test_vllm_tied_embeddings_pp2_last_stage_holds_embed_tokens() -> None:
         ],
     }
     _check_table([first], expected, layer=None)
-    assert "model.norm.weight" in _names(last) and "model.norm.weight" not in _names(first)
-    assert not any(n.startswith("lm_head") for n in _names(last))
+    assert "model.norm.weight" in tensor_names(last) and "model.norm.weight" not in tensor_names(first)
+    assert not any(n.startswith("lm_head") for n in tensor_names(last))
     _check_table([last], expected, layer=None)
 
 
@@ -816,7 +759,7 @@ def test_vllm_fused_moe_tables(tp: int, ep: int) -> None:
     for layer in (0, 1):  # every layer is MoE; same table with the layer's experts
         _check_table(resolved.rollout.ranks, VLLM_MOE[(tp, ep)], layer=layer)
     for rank in resolved.rollout.ranks:  # no per-expert local tensors survive
-        assert not any(".experts." in n and n.endswith("_proj.weight") for n in _names(rank))
+        assert not any(".experts." in n and n.endswith("_proj.weight") for n in tensor_names(rank))
 
 
 # ---- DeepSeek-V3 MLA + shared experts (tiny-deepseek-v3 at tp 2) ---------------------------------
@@ -897,7 +840,7 @@ def test_vllm_deepseek_mla_tables_tp2() -> None:
     _check_table(ranks, VLLM_DEEPSEEK_TP2["layer0"], layer=0)
     _check_table(ranks, VLLM_DEEPSEEK_TP2["layer1"], layer=1)
     for rank in ranks:
-        names = _names(rank)
+        names = tensor_names(rank)
         # The two down-projections exist only fused.
         assert not any(re.search(r"\.(q_a_proj|kv_a_proj_with_mqa)\.weight$", n) for n in names)
         # The router correction bias stays float32 on a bf16 engine.
