@@ -183,7 +183,8 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Colle
         if enums:
             _report_schema_error(enums[0], path, col)
             return
-        checks = [e for e in context if e.validator != "type"]  # a branch of the right type failed a check
+        # A branch of the right type failed a check; an enum of strings says nothing about a mapping.
+        checks = [e for e in context if e.validator != "type" and not (e.validator in ("enum", "const") and isinstance(err.instance, dict))]
         if checks:
             _report_schema_error(checks[0], path, col)
             return
