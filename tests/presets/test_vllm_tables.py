@@ -52,7 +52,7 @@ import re
 
 import pytest
 
-from preset_helpers import QWEN2_PARAMS, qwen2, tensor_names, view
+from preset_helpers import qwen2, tensor_names, view
 from preset_helpers import resolve as _resolve_any
 
 

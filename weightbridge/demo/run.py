@@ -19,7 +19,6 @@ version every rollout rank applied matched bitwise and every rank reached the la
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time

@@ -495,7 +495,6 @@ def build_plan(
     Pure and deterministic. Never raises for an incomplete layout pair (elements nobody
     holds are simply not sent): run :func:`weightbridge.plan.validate_plan` to get every problem.
     """
-    from weightbridge.plan.rounds import assemble, decide_dedup, pack
 
     t0 = time.perf_counter()
     if round_bytes <= 0:
