@@ -78,11 +78,10 @@ def compress(gmap: np.ndarray, ids: IdSpace, *, row_offset: int = 0, max_pieces:
     pieces: list[Piece] = []
     ptr = 0
     n = flat.size
-    while ptr < n:
-        rest = flat[ptr:] >= 0
-        if not rest.any():
+    while True:
+        ptr = _next_unassigned(flat, ptr)
+        if ptr >= n:
             break
-        ptr += int(np.argmax(rest))
         g0 = int(flat[ptr])
         l0 = tuple(int(c) for c in np.unravel_index(ptr, L)) if nd else ()
         ti, c0 = ids.locate(g0)
@@ -118,7 +117,8 @@ def compress(gmap: np.ndarray, ids: IdSpace, *, row_offset: int = 0, max_pieces:
             i = mapping[j]
             limit = min(L[j] - l0[j], cshape[i] - c0[i])
             ext[j] = _grow(gmap, l0, ext, j, mapping, cstr, g0, limit)
-        local_box = tuple((l0[j] + (row_offset if j == 0 else 0), l0[j] + ext[j] + (row_offset if j == 0 else 0)) for j in range(nd))
+        shift = [row_offset] + [0] * (nd - 1)
+        local_box = tuple((l0[j] + shift[j], l0[j] + ext[j] + shift[j]) for j in range(nd))
         cext = [1] * len(cshape)
         for j, i in mapping.items():
             cext[i] = ext[j]
@@ -130,6 +130,19 @@ def compress(gmap: np.ndarray, ids: IdSpace, *, row_offset: int = 0, max_pieces:
         if len(pieces) > max_pieces:
             raise ValueError(f"more than {max_pieces} pieces: the loader scatters elements (not a box layout)")
     return pieces
+
+
+def _next_unassigned(flat: np.ndarray, ptr: int) -> int:
+    """First index >= ptr holding an id (windows growing from 4096: linear in what is skipped)."""
+    n = flat.size
+    w = 4096
+    while ptr < n:
+        hits = np.flatnonzero(flat[ptr : ptr + w] >= 0)
+        if hits.size:
+            return ptr + int(hits[0])
+        ptr += w
+        w = min(w * 2, 1 << 22)
+    return n
 
 
 def _grow(gmap: np.ndarray, l0, ext, j, mapping, cstr, g0, limit) -> int:
@@ -235,7 +248,9 @@ def normalize_pieces(pieces: Iterable[Piece]) -> tuple[Piece, ...]:
     return tuple(out)
 
 
-def element_map(pieces: Iterable[Piece], shape: Sequence[int], bases: dict[str, tuple[int, tuple[int, ...]]]) -> np.ndarray:
+def element_map(
+    pieces: Iterable[Piece], shape: Sequence[int], bases: dict[str, tuple[int, tuple[int, ...]]]
+) -> np.ndarray:
     """The element map (``-1`` = no piece) of a local tensor, ids from ``bases[name] = (offset, shape)``."""
     out = np.full(tuple(shape), -1, dtype=np.int64)
     for p in pieces:

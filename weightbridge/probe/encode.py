@@ -93,29 +93,61 @@ class CodeBook:
         return -(-bits // self.width)
 
     def encode(self, k: torch.Tensor) -> torch.Tensor:
-        """Chunk values (int64, ``0 <= k < 2^width``) -> float64 code values."""
+        """Chunk values (int64, ``0 <= k < 2^width``) -> float64 code values (built as float64 bits)."""
         p, eb = self.mant_bits, self.exp_bits
-        m = (k & ((1 << p) - 1)).to(torch.float64)
-        e = (k >> p) & ((1 << eb) - 1)
+        m = k & ((1 << p) - 1)
+        e = ((k >> p) & ((1 << eb) - 1)) + (self.exp_base + 1023)
         s = (k >> (p + eb)) & 1
-        val = torch.ldexp(1.0 + m / float(1 << p), (e + self.exp_base).to(torch.float64))
-        return torch.where(s.bool(), -val, val)
+        return ((s << 63) | (e << 52) | (m << (52 - p))).view(torch.float64)
 
     def decode(self, v: torch.Tensor) -> torch.Tensor:
-        """Destination values (any float dtype) -> chunk values (int64); UNMAPPED-style -2 for zero, INVALID for non-codes.
+        """Destination values (any float dtype) -> chunk values (int64).
 
         Returns ``-2`` where the value is exactly zero (nothing written), ``INVALID`` (-1) where it
         is not a code, else the chunk value.
         """
-        x = v.detach().to(torch.float64)
-        zero = x == 0
-        mant, ex = torch.frexp(x.abs())  # x = mant * 2^ex, mant in [0.5, 1)
-        f = mant * 2.0 - 1.0  # in [0, 1)
-        m_real = f * float(1 << self.mant_bits)
-        m = m_real.floor()
-        e = ex.to(torch.int64) - 1 - self.exp_base
-        ok = torch.isfinite(x) & ~zero & (m == m_real) & (e >= 0) & (e < (1 << self.exp_bits))
-        k = (x < 0).to(torch.int64) << (self.mant_bits + self.exp_bits)
-        k = k | (e.clamp(0, (1 << self.exp_bits) - 1) << self.mant_bits) | m.clamp(0).to(torch.int64)
-        k = torch.where(ok, k, torch.full_like(k, INVALID))
-        return torch.where(zero, torch.full_like(k, -2), k)
+        p, eb = self.mant_bits, self.exp_bits
+        bits = v.detach().to(torch.float64).view(torch.int64)
+        mag = bits & 0x7FFF_FFFF_FFFF_FFFF
+        e = (mag >> 52) - (self.exp_base + 1023)  # NaN/Inf/denormal exponents fall outside [0, 2^eb)
+        low = mag & ((1 << (52 - p)) - 1)
+        ok = (e >= 0) & (e < (1 << eb)) & (low == 0)
+        k = (((bits >> 63) & 1) << (p + eb)) | (e.clamp(0, (1 << eb) - 1) << p) | ((mag >> (52 - p)) & ((1 << p) - 1))
+        k = torch.where(ok, k, INVALID)
+        return torch.where(mag == 0, -2, k)
+
+    # ---- fast paths: lookup tables for narrow codes and narrow destinations ----
+
+    def encode_as(self, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``encode(k).to(dtype)``; a table lookup when codes are at most 16 bits wide."""
+        if self.width > 16:
+            return self.encode(k).to(dtype)
+        return _encode_table(self, dtype)[k]
+
+    def decode_fast(self, v: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode`; a table lookup for 1- and 2-byte destination dtypes."""
+        size = v.element_size()
+        if size > 2:
+            return self.decode(v)
+        bits = v.detach().contiguous().view(torch.uint8 if size == 1 else torch.int16).to(torch.int64)
+        return _decode_table(self, v.dtype)[bits & ((1 << (8 * size)) - 1)]
+
+
+_TABLES: dict = {}
+
+
+def _encode_table(book: CodeBook, dtype: torch.dtype) -> torch.Tensor:
+    key = ("enc", book, dtype)
+    if key not in _TABLES:
+        _TABLES[key] = book.encode(torch.arange(1 << book.width, dtype=torch.int64)).to(dtype)
+    return _TABLES[key]
+
+
+def _decode_table(book: CodeBook, dtype: torch.dtype) -> torch.Tensor:
+    key = ("dec", book, dtype)
+    if key not in _TABLES:
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = torch.arange(1 << (8 * size), dtype=torch.int64)
+        raw = raw.to(torch.uint8) if size == 1 else raw.to(torch.int16)  # wraps to the bit patterns
+        _TABLES[key] = book.decode(raw.view(dtype))
+    return _TABLES[key]

@@ -1,0 +1,105 @@
+"""``weightbridge probe --loader MODULE:FACTORY SPEC --side S --rank R -o OUT.json``.
+
+Probing runs the engine's own loader, so it needs Python code that builds the engine
+rank: ``FACTORY(resolved_spec, side, rank)`` (importable from the current directory)
+returns either an object with ``load_weights(iterable)`` and ``params()`` /
+``destinations()`` (name -> tensor), or a pair ``(load_weights, destinations)``. The
+canonical tensors come from the spec's ``model:``. The probed IR is written as JSON with
+its layout hash (atomically); ``--check`` also compares it with the spec's expansion of
+that rank (exit 1 on a difference, like ``weightbridge diff``).
+
+Exit codes: 0 ok, 1 the probe found numerical changes or (``--check``) a difference,
+2 user error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, load_or_report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="recover one rank's layout IR from an engine's own load_weights")
+    p.add_argument("spec", metavar="SPEC", help="spec whose model: gives the canonical tensors")
+    p.add_argument(
+        "--loader", required=True, metavar="MODULE:FACTORY", help="builds the engine rank (see the module doc)"
+    )
+    p.add_argument("--side", choices=("trainer", "rollout"), default="rollout")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="probe JSON to write")
+    p.add_argument("--max-probe-bytes", type=int, default=None, help="decode-state bound per probing round")
+    p.add_argument("--no-verify", action="store_true", help="skip the verification load")
+    p.add_argument("--check", action="store_true", help="also diff against the spec's expansion of this rank")
+    p.set_defaults(func=run)
+
+
+def _factory(spec: str):
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ValueError(f"--loader {spec!r}: expected MODULE:FACTORY")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ValueError(f"--loader {spec!r}: cannot import {mod_name}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--loader {spec!r}: {mod_name} has no {attr}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    from weightbridge.probe import DEFAULT_MAX_PROBE_BYTES, probe_loader, write_probe_json
+    from weightbridge.probe.diff import diff_layouts, format_diff
+
+    resolved = load_or_report(args.spec)
+    if resolved is None:
+        return EXIT_USAGE
+    side = resolved.side(args.side)
+    if not 0 <= args.rank < side.world_size:
+        last = side.world_size - 1
+        print(f"{args.spec}: --rank {args.rank} out of range: the {args.side} has ranks 0..{last}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        factory = _factory(args.loader)
+    except ValueError as exc:
+        print(f"weightbridge probe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    built = factory(resolved, args.side, args.rank)
+    if isinstance(built, tuple):
+        load_weights, destinations = built
+    else:
+        load_weights = built.load_weights
+        destinations = getattr(built, "destinations", None) or built.params
+    want = side.ranks[args.rank]
+    res = probe_loader(
+        resolved.canonical,
+        load_weights,
+        destinations,
+        side=args.side,
+        rank=args.rank,
+        instance=want.instance,
+        local_rank=want.local_rank,
+        coords=dict(want.coords),
+        max_probe_bytes=args.max_probe_bytes or DEFAULT_MAX_PROBE_BYTES,
+        verify=not args.no_verify,
+    )
+    digest = write_probe_json(res, args.output)
+    print(res.summary())
+    print(f"wrote {args.output} (hash {digest})")
+    status = EXIT_OK if (res.verified or args.no_verify) and not res.changed else EXIT_FAIL
+    if args.check:
+        diffs = diff_layouts(res.layout, want)
+        if diffs:
+            print(f"{len(diffs)} tensor(s) differ from {args.spec}:{args.side}:{args.rank}:")
+            print(format_diff(diffs))
+            status = EXIT_FAIL
+        else:
+            print(f"identical to {args.spec}:{args.side}:{args.rank}")
+    return status
