@@ -101,8 +101,14 @@ def test_sglang_equals_vllm_elsewhere() -> None:
         "model.layers.1.self_attn.fused_qkv_a_proj.weight": "model.layers.1.self_attn.fused_qkv_a_proj_with_mqa.weight",
         "model.layers.2.self_attn.fused_qkv_a_proj.weight": "model.layers.2.self_attn.fused_qkv_a_proj_with_mqa.weight",
     }
-    _same_as_vllm({"bundled": "tiny-deepseek-v3"}, {"tp": 2}, fused)
-    _same_as_vllm({"bundled": "tiny-qwen3-moe"}, {"tp": 4, "ep": 4}, {})
+    # vLLM 0.32 nests FusedMoE under mlp.experts.routed_experts; SGLang keeps it under mlp.experts.
+    experts = {
+        f"model.layers.{layer}.mlp.experts.routed_experts.{w}": f"model.layers.{layer}.mlp.experts.{w}"
+        for layer in range(3)
+        for w in ("w13_weight", "w2_weight")
+    }
+    _same_as_vllm({"bundled": "tiny-deepseek-v3"}, {"tp": 2}, {**fused, **experts})
+    _same_as_vllm({"bundled": "tiny-qwen3-moe"}, {"tp": 4, "ep": 4}, experts)
     for tp in (2, 8):
         _same_as_vllm(qwen2(), {"tp": tp}, {})
     _same_as_vllm(qwen2(tied=True), {"tp": 2}, {})  # tied, pp 1: lm_head is embed_tokens, no lm_head tensor

@@ -604,7 +604,7 @@ def test_vllm_tied_embeddings_pp2_last_stage_holds_embed_tokens() -> None:
 # (tp, ep): ep 1 -> every rank all 8 experts, I split over tp; ep = tp -> moe tp 1, experts contiguous.
 VLLM_MOE = {
     (2, 1): {
-        "mlp.experts.w13_weight": [
+        "mlp.experts.routed_experts.w13_weight": [
             ((8, 32, 64), [  # rank 0
                 "[0:1, 0:16, 0:64] <- mlp.experts.0.gate_proj.weight[0:16, 0:64]",
                 "[0:1, 16:32, 0:64] <- mlp.experts.0.up_proj.weight[0:16, 0:64]",
@@ -642,7 +642,7 @@ VLLM_MOE = {
                 "[7:8, 16:32, 0:64] <- mlp.experts.7.up_proj.weight[16:32, 0:64]",
             ]),
         ],
-        "mlp.experts.w2_weight": [
+        "mlp.experts.routed_experts.w2_weight": [
             ((8, 64, 16), [  # rank 0
                 "[0:1, 0:64, 0:16] <- mlp.experts.0.down_proj.weight[0:64, 0:16]",
                 "[1:2, 0:64, 0:16] <- mlp.experts.1.down_proj.weight[0:64, 0:16]",
@@ -666,7 +666,7 @@ VLLM_MOE = {
         ],
     },
     (2, 2): {
-        "mlp.experts.w13_weight": [
+        "mlp.experts.routed_experts.w13_weight": [
             ((4, 64, 64), [  # rank 0
                 "[0:1, 0:32, 0:64] <- mlp.experts.0.gate_proj.weight[0:32, 0:64]",
                 "[0:1, 32:64, 0:64] <- mlp.experts.0.up_proj.weight[0:32, 0:64]",
@@ -688,7 +688,7 @@ VLLM_MOE = {
                 "[3:4, 32:64, 0:64] <- mlp.experts.7.up_proj.weight[0:32, 0:64]",
             ]),
         ],
-        "mlp.experts.w2_weight": [
+        "mlp.experts.routed_experts.w2_weight": [
             ((4, 64, 32), [  # rank 0
                 "[0:1, 0:64, 0:32] <- mlp.experts.0.down_proj.weight[0:64, 0:32]",
                 "[1:2, 0:64, 0:32] <- mlp.experts.1.down_proj.weight[0:64, 0:32]",
@@ -704,7 +704,7 @@ VLLM_MOE = {
         ],
     },
     (4, 4): {
-        "mlp.experts.w13_weight": [
+        "mlp.experts.routed_experts.w13_weight": [
             ((2, 64, 64), [  # rank 0
                 "[0:1, 0:32, 0:64] <- mlp.experts.0.gate_proj.weight[0:32, 0:64]",
                 "[0:1, 32:64, 0:64] <- mlp.experts.0.up_proj.weight[0:32, 0:64]",
@@ -730,7 +730,7 @@ VLLM_MOE = {
                 "[1:2, 32:64, 0:64] <- mlp.experts.7.up_proj.weight[0:32, 0:64]",
             ]),
         ],
-        "mlp.experts.w2_weight": [
+        "mlp.experts.routed_experts.w2_weight": [
             ((2, 64, 32), [  # rank 0
                 "[0:1, 0:64, 0:32] <- mlp.experts.0.down_proj.weight[0:64, 0:32]",
                 "[1:2, 0:64, 0:32] <- mlp.experts.1.down_proj.weight[0:64, 0:32]",
@@ -847,8 +847,8 @@ def test_vllm_deepseek_mla_tables_tp2() -> None:
         assert rank.tensor("model.layers.1.mlp.gate.e_score_correction_bias").dtype == "float32"
         assert rank.tensor("model.layers.1.self_attn.q_b_proj.weight").dtype == "bfloat16"
         # Routed experts at tp 2 without EP: all 8, moe intermediate 32 split in 16.
-        assert rank.tensor("model.layers.1.mlp.experts.w13_weight").shape == (8, 32, 64)
-        assert rank.tensor("model.layers.1.mlp.experts.w2_weight").shape == (8, 64, 16)
+        assert rank.tensor("model.layers.1.mlp.experts.routed_experts.w13_weight").shape == (8, 32, 64)
+        assert rank.tensor("model.layers.1.mlp.experts.routed_experts.w2_weight").shape == (8, 64, 16)
 
 
 def test_vllm_deepseek_router_gate_weight_in_model_dtype() -> None:

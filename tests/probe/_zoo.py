@@ -149,8 +149,8 @@ class VllmLike(Engine):
                 E, I = m[p + "mlp.gate.weight"].shape[0], m[p + "mlp.experts.0.up_proj.weight"].shape[0]
                 self.il_moe = I // tp
                 add(p + "mlp.gate.weight", (E, H))
-                add(p + "mlp.experts.w13_weight", (E, 2 * self.il_moe, H))
-                add(p + "mlp.experts.w2_weight", (E, H, self.il_moe))
+                add(p + "mlp.experts.routed_experts.w13_weight", (E, 2 * self.il_moe, H))
+                add(p + "mlp.experts.routed_experts.w2_weight", (E, H, self.il_moe))
             else:
                 I = m[p + "mlp.up_proj.weight"].shape[0]
                 self.il = I // tp
@@ -205,10 +205,10 @@ class VllmLike(Engine):
             e, kind = int(em.group(1)), em.group(2)
             il = self.il_moe
             if kind == "down":
-                self._p[p + "mlp.experts.w2_weight"][e].copy_(w[:, r * il : (r + 1) * il])
+                self._p[p + "mlp.experts.routed_experts.w2_weight"][e].copy_(w[:, r * il : (r + 1) * il])
             else:
                 off = 0 if kind == "gate" else il
-                self._p[p + "mlp.experts.w13_weight"][e, off : off + il].copy_(w[r * il : (r + 1) * il])
+                self._p[p + "mlp.experts.routed_experts.w13_weight"][e, off : off + il].copy_(w[r * il : (r + 1) * il])
             return
         self._p[name].copy_(w)  # norms, q_norm / k_norm, router: replicated
 

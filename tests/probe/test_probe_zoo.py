@@ -70,7 +70,7 @@ def test_vllm_stacked_experts_and_qk_norm() -> None:
         res = probe(VllmLike(moe, 2, rank), moe, rank=rank)
         assert res.ok, res.summary()
         assert_same(res.layout, want.ranks[rank])
-        w13 = res.layout.tensor("model.layers.0.mlp.experts.w13_weight")
+        w13 = res.layout.tensor("model.layers.0.mlp.experts.routed_experts.w13_weight")
         assert w13.shape == (4, 16, 32) and len(w13.pieces) == 8  # [gate; up] per expert
 
 
