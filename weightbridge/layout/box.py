@@ -142,7 +142,7 @@ def _groups(shape: Sequence[int], refined: Sequence[int]) -> list[list[int]]:
 def _split_interval(a: int, b: int, dims: Sequence[int]) -> list[Interval] | None:
     """Write ``[a, b)`` of a dim of size ``prod(dims)`` as a box over ``dims`` (outer first), or None."""
     out: list[Interval] = []
-    for k, n in enumerate(dims):
+    for k in range(len(dims)):
         inner = prod(dims[k + 1 :])
         lo, hi = a // inner, (b - 1) // inner + 1
         if hi - lo > 1:

@@ -21,7 +21,7 @@ from math import prod
 
 import numpy as np
 
-from weightbridge.layout.box import Box, box_shape, corresponding_sub
+from weightbridge.layout.box import box_shape, corresponding_sub
 from weightbridge.layout.ir import CanonicalModel, Piece
 
 ASSIGNED = -3
