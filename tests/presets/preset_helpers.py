@@ -27,6 +27,15 @@ def view(rank, local: str, strip: str = "") -> tuple[tuple[int, ...], list[str]]
     return tuple(t.shape), sorted(pieces)
 
 
+def check_table(ranks, table: dict, strip: str = "") -> None:
+    """``table``: full local name -> one (shape, pieces) entry per rank, in rank order."""
+    for local, per_rank in table.items():
+        assert len(per_rank) == len(ranks), local
+        for rank, (shape, pieces) in zip(ranks, per_rank):
+            assert local in tensor_names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(tensor_names(rank))}"
+            assert view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
+
+
 def resolve(model: dict, *, trainer: dict | None = None, rollout: dict | None = None):
     """Resolve a spec of ``model`` (inline or bundled) with the given sides (default: hf)."""
     text = "\n".join(

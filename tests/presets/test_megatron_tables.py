@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import pytest
 
-from preset_helpers import qwen2, tensor_names, view
+from preset_helpers import check_table, qwen2, tensor_names, view
 from preset_helpers import resolve as _resolve_any
 
 
@@ -57,12 +57,7 @@ def _resolve(model: dict, trainer: dict, rollout: dict | None = None):
 
 
 def _check_table(ranks, table: dict, strip: str = "model.layers.0.") -> None:
-    """``table``: full local name -> one (shape, pieces) entry per rank, in rank order."""
-    for local, per_rank in table.items():
-        assert len(per_rank) == len(ranks), local
-        for rank, (shape, pieces) in zip(ranks, per_rank):
-            assert local in tensor_names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(tensor_names(rank))}"
-            assert view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
+    check_table(ranks, table, strip)
 
 
 # ---- GQA linear_qkv: per query group [4 q heads (32 rows); 1 k head (8); 1 v head (8)] ---------

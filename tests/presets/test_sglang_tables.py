@@ -35,7 +35,7 @@ Derived from (sgl-project/sglang, read for these tables):
 from __future__ import annotations
 
 
-from preset_helpers import qwen2, tensor_names, view
+from preset_helpers import check_table, qwen2, tensor_names
 from preset_helpers import resolve as _resolve_any
 
 
@@ -47,12 +47,7 @@ def _resolve(model: dict, rollout: dict):
 
 
 def _check_table(ranks, table: dict, strip: str = "") -> None:
-    """``table``: full local name -> one (shape, pieces) entry per rank, in rank order."""
-    for local, per_rank in table.items():
-        assert len(per_rank) == len(ranks), local
-        for rank, (shape, pieces) in zip(ranks, per_rank):
-            assert local in tensor_names(rank), f"rank {rank.rank} holds no {local}; it holds {sorted(tensor_names(rank))}"
-            assert view(rank, local, strip) == (tuple(shape), sorted(pieces)), f"{local} on rank {rank.rank}"
+    check_table(ranks, table, strip)
 
 
 def _same_as_vllm(model: dict, mesh: dict, renamed: dict[str, str]) -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from weightbridge.layout.ir import RankLayout
 from weightbridge.spec.errors import SpecErrors
 from weightbridge.spec.resolve import ResolvedSpec, resolve_spec
 
@@ -20,6 +21,18 @@ def load_or_report(path: str) -> ResolvedSpec | None:
         print(str(exc), file=sys.stderr)
         print(f"{len(exc.problems)} problem(s) found", file=sys.stderr)
         return None
+
+
+def load_rank_or_report(path: str, side: str, rank: int) -> tuple[ResolvedSpec, RankLayout] | None:
+    """The resolved spec and one rank's layout, or None after printing why (caller exits 2)."""
+    resolved = load_or_report(path)
+    if resolved is None:
+        return None
+    layout = resolved.side(side)
+    if not 0 <= rank < layout.world_size:
+        print(f"{path}: --rank {rank} out of range: the {side} has ranks 0..{layout.world_size - 1}", file=sys.stderr)
+        return None
+    return resolved, layout.ranks[rank]
 
 
 def print_json(obj: Any) -> None:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from fnmatch import fnmatchcase
 
-from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, load_or_report, print_json
+from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, load_rank_or_report, print_json
 from weightbridge.layout.box import format_box
 from weightbridge.layout.ir import LocalTensor, tensor_to_json
 
@@ -37,14 +37,10 @@ def _selected(t: LocalTensor, pattern: str | None) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    resolved = load_or_report(args.spec)
-    if resolved is None:
+    loaded = load_rank_or_report(args.spec, args.side, args.rank)
+    if loaded is None:
         return EXIT_USAGE
-    side = resolved.side(args.side)
-    if not 0 <= args.rank < side.world_size:
-        print(f"{args.spec}: --rank {args.rank} out of range: the {args.side} has ranks 0..{side.world_size - 1}", file=sys.stderr)
-        return EXIT_USAGE
-    rank = side.ranks[args.rank]
+    rank = loaded[1]
     tensors = [t for t in rank.tensors if _selected(t, args.tensor)]
     if args.tensor is not None and not tensors:
         print(f"no local tensor of {args.side} rank {args.rank} matches {args.tensor!r}", file=sys.stderr)

@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 
-from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, load_or_report
+from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, load_rank_or_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,14 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from weightbridge.probe import DEFAULT_MAX_PROBE_BYTES, probe_loader, write_probe_json
     from weightbridge.probe.diff import diff_layouts, format_diff
 
-    resolved = load_or_report(args.spec)
-    if resolved is None:
+    loaded = load_rank_or_report(args.spec, args.side, args.rank)
+    if loaded is None:
         return EXIT_USAGE
-    side = resolved.side(args.side)
-    if not 0 <= args.rank < side.world_size:
-        last = side.world_size - 1
-        print(f"{args.spec}: --rank {args.rank} out of range: the {args.side} has ranks 0..{last}", file=sys.stderr)
-        return EXIT_USAGE
+    resolved, want = loaded
     try:
         factory = _factory(args.loader)
     except ValueError as exc:
@@ -77,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         load_weights = built.load_weights
         destinations = getattr(built, "destinations", None) or built.params
-    want = side.ranks[args.rank]
     res = probe_loader(
         resolved.canonical,
         load_weights,

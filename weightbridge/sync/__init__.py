@@ -5,7 +5,7 @@
 * :mod:`.membership` — the rollout instances of an epoch, their plan, dtype digests;
 * :mod:`.dataplane` — the seam to :mod:`weightbridge.transport` (one bridge group per epoch);
 * :mod:`.errors` — ``PeerFailed``, ``DeadlineExceeded``, ``HandshakeMismatch``, ``TornModelError``;
-* :mod:`.verify` — build local tensors from canonical ones and compare them bitwise (tests, demo).
+* :mod:`.verify` — compare local tensors bitwise with canonical ones (tests, demo).
 """
 
 from weightbridge.sync.errors import (
