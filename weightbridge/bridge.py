@@ -594,6 +594,9 @@ class RolloutBridge(_Endpoint):
         ann = self.cp.get(self.keys.announce, Announce)
         self._handled_seq = ann.seq if ann is not None else 0  # pushes before joining are not ours
         self._stop = threading.Event()
+        # Held by the receive thread for a whole receive, and by an engine that needs the staged
+        # version to stay put across a multi-rank decision (see hold()).
+        self._gate = threading.Lock()
         self._thread: threading.Thread | None = None
         self._join(instance=self.layout.instance)
         if staging:
@@ -653,6 +656,26 @@ class RolloutBridge(_Endpoint):
         """True when a complete version is waiting for ``apply()`` (no progress is made)."""
         with self._lock:
             return self._staged is not None
+
+    @property
+    def staged_version(self) -> int | None:
+        """The complete version waiting for ``apply()``, or None."""
+        with self._lock:
+            return None if self._staged is None else self._staged.version
+
+    def try_hold(self) -> bool:
+        """Non-blocking: keep the staged version from being superseded until :meth:`release`.
+
+        For engines whose ranks must agree on the version to apply (all TP ranks of an instance
+        apply the same one): each rank try-holds, the ranks exchange ``staged_version``, apply
+        if they agree, then release. False while a receive is in flight (retry later). Never
+        blocks, so a rank holding the gate cannot wait on a peer whose receive needs this one.
+        """
+        return self._gate.acquire(blocking=False)
+
+    def release(self) -> None:
+        """End a :meth:`try_hold` that returned True."""
+        self._gate.release()
 
     def poll(self) -> bool:
         """Make progress; True when a complete version is ready for ``apply()``.
@@ -724,10 +747,14 @@ class RolloutBridge(_Endpoint):
             if ann is None or ann.seq <= self._handled_seq:
                 self._stop.wait(0.005)
                 continue
+            if not self._gate.acquire(timeout=0.05):
+                continue  # an engine holds the staged version; the announcement stays pending
             try:
                 self._receive(cp, ann, keep_error=True)
             except BaseException:  # noqa: BLE001 - kept for poll(); already published by _receive
                 pass
+            finally:
+                self._gate.release()
 
     def _receive(self, cp: ControlPlane, ann: Announce, *, keep_error: bool) -> None:
         """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""

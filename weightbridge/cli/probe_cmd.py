@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     digest = write_probe_json(res, args.output)
     print(res.summary())
     print(f"wrote {args.output} (hash {digest})")
+    pin_rank = want.local_rank if args.side == "rollout" else args.rank
+    print(f"fingerprint {res.fingerprint}; to pin it in the spec: {args.side}: {{pins: {{{pin_rank}: '{res.fingerprint}'}}}}")
     status = EXIT_OK if (res.verified or args.no_verify) and not res.changed else EXIT_FAIL
     if args.check:
         diffs = diff_layouts(res.layout, want)

@@ -1,6 +1,6 @@
 """Compare two layout IRs of one rank, whatever produced them (spec expansion, probe, DTensor).
 
-Both sides are normalised (:func:`~weightbridge.probe.compress.normalize_pieces`: adjacent
+Both sides are normalised (:func:`~weightbridge.layout.normalize.normalize_pieces`: adjacent
 boxes merged, pieces sorted) so that a block stored as one box and the same block as rows
 compare equal. When normalised pieces still differ (two valid box splits of one region
 that greedy merging does not bring together) the tensors' element maps are compared,
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from weightbridge.layout.box import box_numel
 from weightbridge.layout.ir import LocalTensor, Piece, RankLayout
+from weightbridge.layout.normalize import layout_fingerprint, normalize_layout, normalize_tensor  # noqa: F401 - re-exported
 
 MAX_ELEMENTS = 50_000_000
 
@@ -38,18 +39,6 @@ class TensorDiff:
             if len(ps) > limit:
                 lines.append(f"    ... and {len(ps) - limit} more piece(s) only in {tag}")
         return "\n".join(lines)
-
-
-def normalize_tensor(t: LocalTensor) -> LocalTensor:
-    from weightbridge.probe.compress import normalize_pieces
-
-    return t._replace(pieces=normalize_pieces(t.pieces))
-
-
-def normalize_layout(layout: RankLayout) -> RankLayout:
-    """Same layout, pieces normalised, tensors sorted by name."""
-    tensors = tuple(sorted((normalize_tensor(t) for t in layout.tensors), key=lambda t: t.name))
-    return RankLayout(layout.side, layout.rank, tensors, layout.instance, layout.local_rank, layout.coords)
 
 
 def _same_elements(a: LocalTensor, b: LocalTensor) -> bool:

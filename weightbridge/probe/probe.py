@@ -76,10 +76,18 @@ class ProbeResult:
     def ok(self) -> bool:
         return self.verified and not self.changed
 
+    @property
+    def fingerprint(self) -> str:
+        """What a spec pins (``pins:``): the normalised layout's hash, independent of rank numbering."""
+        from weightbridge.layout.normalize import layout_fingerprint
+
+        return layout_fingerprint(self.layout)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": PROBE_FORMAT,
             "hash": layout_hash([self.layout]),
+            "fingerprint": self.fingerprint,
             "layout": self.layout.to_json(),
             "calls": self.calls,
             "chunks": self.chunks,

@@ -103,6 +103,14 @@ class SideSpec(_Strict):
     dtype: DType | None = Field(default=None, description="Dtype of local tensors (default: the canonical dtype).")
     params: dict[str, int | bool | str] = Field(default_factory=dict, description="Preset params, e.g. vocab_multiple.")
     pipeline: PipelineSpec | None = None
+    pins: dict[Annotated[int, Field(ge=0)], Annotated[str, Field(pattern="^[0-9a-f]{16}$")]] = Field(
+        default_factory=dict,
+        description=(
+            "Layout fingerprints by rank (rollout: local rank within an instance), as `weightbridge probe` prints "
+            "them. The spec's expansion must give them (a changed preset fails validation), and engine integrations "
+            "check that probing the engine's loader gives them (a changed engine fails before any transfer)."
+        ),
+    )
     rules: list[Rule] = Field(
         default_factory=list,
         description="Rules added to the preset; a rule whose local template equals a preset rule's replaces it.",

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from weightbridge.layout.coverage import tiling_problems, uncovered
 from weightbridge.layout.expand import ExpandProblem, Origin, SideConfig, expand_side
 from weightbridge.layout.ir import CanonicalModel, SideLayout
+from weightbridge.layout.normalize import layout_fingerprint
 from weightbridge.layout.presets import load_preset, merge_rules
 from weightbridge.layout.templates import skeleton
 from weightbridge.plan.network import NetworkSpec
@@ -292,6 +293,7 @@ def _side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: _Coll
         for t in r.tensors:
             for msg in tiling_problems(t, model):
                 col.add(f"$.{side}", f"rank {r.rank}: {msg}")
+    _check_pins(side, spec_side, layout, col)
     groups = [layout.ranks] if side == "trainer" else [layout.instance_ranks(0)]
     for ranks in groups:
         missing = uncovered(model, ranks)
@@ -302,6 +304,23 @@ def _side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: _Coll
                 f"add rules under {side}.rules for them (weightbridge explain shows what each rank holds)",
             )
     return layout
+
+
+def _check_pins(side: str, spec_side: SideSpec, layout: SideLayout, col: _Collector) -> None:
+    """Pinned fingerprints must equal the expansion's (ranks of instance 0 on the rollout side)."""
+    ranks = layout.ranks if side == "trainer" else tuple(sorted(layout.instance_ranks(0), key=lambda r: r.local_rank))
+    for rank, pinned in spec_side.pins.items():
+        if rank >= len(ranks):
+            col.add(child_path(f"$.{side}.pins", rank), f"rank {rank} out of range: the {side} has ranks 0..{len(ranks) - 1}",
+                    "pin ranks of one instance (rollout) or of the whole trainer")
+            continue
+        actual = layout_fingerprint(ranks[rank])
+        if actual != pinned:
+            col.add(
+                child_path(f"$.{side}.pins", rank),
+                f"the spec now expands rank {rank} to layout {actual}, not the pinned {pinned}",
+                "a preset or rule changed: compare with `weightbridge diff` against the probe output, then re-pin",
+            )
 
 
 def _locate(side: str, spec_side: SideSpec, cfg: SideConfig, p: ExpandProblem) -> tuple[str, str]:

@@ -1,0 +1,95 @@
+"""Draft a spec from a short description: which model, which framework and mesh on each side.
+
+:func:`draft_spec` only writes text (plus the list of what it assumed); checking it is
+:func:`weightbridge.spec.resolve.check_text`'s job, exactly as for a hand-written spec.
+Used by the MCP server's ``generate_spec`` tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from weightbridge.layout.presets import load_preset
+
+TRAINER_PRESETS = ("megatron", "fsdp2", "hf")
+ROLLOUT_PRESETS = ("vllm", "sglang", "hf")
+SYNC_MODES = ("sync", "async", "colocated")
+DEFAULT_ROUND_BYTES = "1GiB"
+DEFAULT_NETWORK = "h100"
+
+_MODE_NOTE = {
+    "sync": "the trainer waits until every rollout rank applied each update",
+    "async": "rollout keeps serving the previous weights while the next update is staged",
+    "colocated": "trainer and rollout share GPUs; updates move through device memory",
+}
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A drafted spec: YAML ``text`` and one line per default it filled in."""
+
+    text: str
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _side(name: str, preset: str, mesh: Mapping[str, int], instances: int | None, notes: list[str]) -> dict[str, Any]:
+    family = load_preset(preset).family
+    axes = list(family.user_axes) + [a for a, _ in family.defaults]
+    unset = [a for a in axes if a not in mesh]
+    if unset:
+        notes.append(f"{name}.mesh: {', '.join(unset)} not given, so 1 (axes of the {preset} preset: {', '.join(axes)})")
+    out: dict[str, Any] = {"preset": preset}
+    if name == "rollout":
+        if instances is None:
+            notes.append("rollout.instances: 1 (one engine; set instances for several identical engines)")
+        out["instances"] = instances or 1
+    out["mesh"] = {a: int(v) for a, v in mesh.items()} or {axes[0]: 1}
+    return out
+
+
+def draft_spec(
+    model: Mapping[str, Any],
+    *,
+    trainer_preset: str,
+    trainer_mesh: Mapping[str, int],
+    rollout_preset: str,
+    rollout_mesh: Mapping[str, int],
+    rollout_instances: int | None = None,
+    mode: str | None = None,
+    max_staleness: int | None = None,
+    round_bytes: int | str | None = None,
+    network: str | None = None,
+) -> Draft:
+    """A version-1 spec for this description; every default used is listed in ``assumptions``.
+
+    ``model`` is a spec ``model:`` mapping (``{"bundled": NAME}``, ``{"config": PATH}``, ...).
+    Mesh axes are not checked here: :func:`~weightbridge.spec.resolve.check_text` reports an
+    unknown or non-dividing axis at its JSON path (``$.trainer.mesh.tp``).
+    """
+    notes: list[str] = []
+    spec: dict[str, Any] = {"version": 1, "model": dict(model)}
+    spec["trainer"] = _side("trainer", trainer_preset, trainer_mesh, None, notes)
+    spec["rollout"] = _side("rollout", rollout_preset, rollout_mesh, rollout_instances, notes)
+    if mode is None:
+        notes.append(f"sync.mode: sync ({_MODE_NOTE['sync']})")
+    sync: dict[str, Any] = {"mode": mode or "sync"}
+    if sync["mode"] == "async":
+        if max_staleness is None:
+            notes.append("sync.max_staleness: 1 (the trainer may run one version ahead of rollout)")
+        sync["max_staleness"] = 1 if max_staleness is None else max_staleness
+    if round_bytes is None:
+        notes.append(f"sync.round_bytes: {DEFAULT_ROUND_BYTES} (per-rank cap on wire buffers in one round)")
+    sync["round_bytes"] = DEFAULT_ROUND_BYTES if round_bytes is None else round_bytes
+    spec["sync"] = sync
+    if network is None:
+        notes.append(f"network: {DEFAULT_NETWORK} (cost model of plan_transfer / weightbridge plan only)")
+    spec["network"] = network or DEFAULT_NETWORK
+    header = (
+        f"# Drafted by weightbridge: {trainer_preset} -> {rollout_preset}, {sync['mode']} updates.\n"
+        "# Check it with `weightbridge validate`; see spec/README.md for overrides (rules:).\n"
+    )
+    return Draft(header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None), notes)
