@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from fnmatch import fnmatchcase
 
 from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, load_rank_or_report, print_json
 from weightbridge.layout.box import format_box
-from weightbridge.layout.ir import LocalTensor, tensor_to_json
+from weightbridge.layout.explain import explain_json, select_tensors
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,32 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _selected(t: LocalTensor, pattern: str | None) -> bool:
-    if pattern is None:
-        return True
-    return fnmatchcase(t.name, pattern) or any(fnmatchcase(p.canonical, pattern) for p in t.pieces)
-
-
 def run(args: argparse.Namespace) -> int:
     loaded = load_rank_or_report(args.spec, args.side, args.rank)
     if loaded is None:
         return EXIT_USAGE
     rank = loaded[1]
-    tensors = [t for t in rank.tensors if _selected(t, args.tensor)]
+    tensors = select_tensors(rank, args.tensor)
     if args.tensor is not None and not tensors:
         print(f"no local tensor of {args.side} rank {args.rank} matches {args.tensor!r}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        print_json(
-            {
-                "side": rank.side,
-                "rank": rank.rank,
-                "instance": rank.instance,
-                "local_rank": rank.local_rank,
-                "coords": dict(rank.coords),
-                "tensors": [tensor_to_json(t) for t in tensors],
-            }
-        )
+        print_json(explain_json(rank, tensors))
         return EXIT_OK
     from rich.console import Console
     from rich.markup import escape

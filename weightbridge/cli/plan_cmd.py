@@ -40,24 +40,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.spec}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    from weightbridge.plan import build_plan, plan_metrics, validate_plan
-    from weightbridge.plan.network import network_model
+    from weightbridge.spec.planning import plan_spec
 
-    sync = resolved.sync
     try:
-        net = network_model(args.network if args.network else resolved.network, colocated=sync.mode == "colocated")
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        errors = exc.errors() if hasattr(exc, "errors") else [{"loc": (), "msg": str(exc)}]
-        for e in errors:
-            loc = "".join(f".{x}" for x in e.get("loc", ()))
-            print(f"{args.spec}: $.network{loc}: {e.get('msg')} (see docs/planner.md, section 3)", file=sys.stderr)
+        report = plan_spec(resolved, network=args.network, round_bytes=args.round_bytes,
+                           receiver_dedup=args.receiver_dedup)
+    except SpecErrors as exc:
+        print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    round_bytes = int(args.round_bytes or sync.round_bytes)
-    plan = build_plan(resolved.trainer, resolved.rollout, round_bytes=round_bytes, network=net,
-                      receiver_dedup=args.receiver_dedup)
-    problems = validate_plan(plan, resolved.trainer, resolved.rollout, canonical=resolved.canonical)
-    m = plan_metrics(plan, resolved.trainer, resolved.rollout, network=net, sync_mode=sync.mode,
-                     max_staleness=sync.max_staleness, problems=problems)
+    plan, problems, m = report.plan, report.problems, report.metrics
     if args.render:
         from weightbridge.plan.render import render_png
 

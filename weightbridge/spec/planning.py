@@ -12,11 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from weightbridge.plan.build import build_plan
-from weightbridge.plan.metrics import plan_metrics
+from weightbridge import plan as planner  # looked up per call: tests may replace planner.validate_plan
 from weightbridge.plan.network import NetworkModel, network_model
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
-from weightbridge.plan.validate import validate_plan
 from weightbridge.spec.errors import SpecErrors, SpecProblem
 from weightbridge.spec.resolve import ResolvedSpec
 
@@ -57,11 +55,11 @@ def plan_spec(
                 for e in errors
             ]
         ) from None
-    plan = build_plan(resolved.trainer, resolved.rollout, round_bytes=int(round_bytes or sync.round_bytes),
-                      network=net, receiver_dedup=receiver_dedup)
-    problems = validate_plan(plan, resolved.trainer, resolved.rollout, canonical=resolved.canonical)
-    metrics = plan_metrics(plan, resolved.trainer, resolved.rollout, network=net, sync_mode=sync.mode,
-                           max_staleness=sync.max_staleness, problems=problems)
+    plan = planner.build_plan(resolved.trainer, resolved.rollout, round_bytes=int(round_bytes or sync.round_bytes),
+                              network=net, receiver_dedup=receiver_dedup)
+    problems = planner.validate_plan(plan, resolved.trainer, resolved.rollout, canonical=resolved.canonical)
+    metrics = planner.plan_metrics(plan, resolved.trainer, resolved.rollout, network=net, sync_mode=sync.mode,
+                                   max_staleness=sync.max_staleness, problems=problems)
     return PlanReport(plan, problems, metrics, net)
 
 

@@ -1,0 +1,79 @@
+"""Build the weightbridge MCP server and run it over stdio (console script ``weightbridge-mcp``).
+
+``weightbridge-mcp [--root DIR]... [--read-only] [--cwd DIR] [--max-timeout S]``
+
+Tools (each a thin layer over the function the CLI calls): inspect_model, generate_spec,
+validate_spec, plan_transfer, explain_tensor, probe_layout, run_conformance. ``--read-only``
+hides the tools that run code (probe_layout, run_conformance) and generate_spec's write_to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from mcp.server.mcpserver import MCPServer
+
+from mcp_server import conformance, resources, tools_model, tools_plan, tools_probe, tools_spec
+from mcp_server.roots import ServerConfig
+from mcp_server.strict_args import reject_unknown_arguments
+
+INSTRUCTIONS = """\
+weightbridge moves updated model weights from RL trainers (Megatron-Core, FSDP2) to rollout engines
+(vLLM, SGLang). A YAML spec says which model and how each side lays it out. Typical order:
+inspect_model -> generate_spec -> validate_spec -> explain_tensor / probe_layout -> plan_transfer ->
+run_conformance. Spec paths are relative to the server's working directory; files are written only
+inside its allowed roots. The prompt integrate_framework has the full checklist."""
+
+TOOLS_RUNNING_CODE = ("probe_layout", "run_conformance")
+
+
+def _version() -> str:
+    try:
+        return version("weightbridge-rl")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+def build_server(config: ServerConfig | None = None) -> MCPServer:
+    """A configured server (not started): ``Client(build_server(cfg))`` talks to it in process."""
+    config = config or ServerConfig()
+    server = MCPServer("weightbridge", title="weightbridge", version=_version(), instructions=INSTRUCTIONS,
+                       log_level="WARNING")
+    tools_model.register(server, config)
+    tools_spec.register(server, config)
+    tools_plan.register(server, config)
+    if not config.read_only:
+        tools_probe.register(server, config)
+        conformance.register(server, config)
+    resources.register(server)
+    server.middleware.append(reject_unknown_arguments(server))
+    return server
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    p = argparse.ArgumentParser(prog="weightbridge-mcp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", action="append", default=[], metavar="DIR",
+                   help="directory where tools may write files and run tests (repeatable; default: --cwd)")
+    p.add_argument("--read-only", action="store_true", help="hide tools that write files or run code")
+    p.add_argument("--cwd", default=None, metavar="DIR", help="directory relative paths resolve against (default: .)")
+    p.add_argument("--max-timeout", type=int, default=1800, metavar="S", help="upper bound of any timeout_s argument")
+    args = p.parse_args(argv)
+    for d in [*args.root, *([args.cwd] if args.cwd else [])]:
+        if not os.path.isdir(d):
+            p.error(f"{d}: not a directory")
+    return ServerConfig(base_dir=args.cwd or os.getcwd(), roots=tuple(args.root), read_only=args.read_only,
+                        max_timeout_s=args.max_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    build_server(config).run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

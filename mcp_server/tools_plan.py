@@ -1,0 +1,152 @@
+"""Tools ``plan_transfer`` (``weightbridge plan --json``) and ``explain_tensor`` (``weightbridge explain --json``)."""
+
+
+import difflib
+from typing import Annotated, Literal
+
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel, ConfigDict, Field
+
+from mcp_server import specs
+from mcp_server.roots import ServerConfig, fail
+from weightbridge.layout.explain import explain_json, select_tensors
+from weightbridge.spec.errors import SpecErrors
+from weightbridge.spec.models import BYTES_PATTERN, parse_bytes
+from weightbridge.spec.planning import plan_spec, top_imbalances
+
+MAX_EXPLAINED = 200
+
+
+class PlanMetrics(BaseModel):
+    """The `weightbridge plan --json` object (keys documented in weightbridge.plan.metrics)."""
+
+    model_config = ConfigDict(extra="forbid")
+    plan_hash: str
+    num_rounds: int
+    num_buckets: int
+    num_items: int
+    wire_bytes: int
+    update_bytes: int
+    exchange_bytes: int
+    min_wire_bytes: int
+    max_sender_bytes: int
+    mean_sender_bytes: float
+    sender_balance: float
+    sender_balance_bound: float
+    max_receiver_bytes: int
+    round_bytes: int
+    max_round_rank_bytes: int
+    receiver_dedup: bool
+    predicted_seconds: float
+    lower_bound_seconds: float
+    baseline_seconds: float
+    stall_seconds: float
+    baseline_stall_seconds: float
+    sync_mode: str
+    network: str
+    planning_seconds: float
+    notes: list[str]
+    problems: list[str]
+
+
+class Imbalance(BaseModel):
+    role: Literal["sender", "forwarder", "receiver"]
+    side: Literal["trainer", "rollout"]
+    rank: int
+    bytes: int
+    mean_bytes: float
+    vs_mean: float = Field(description="bytes / mean bytes of the ranks with the same role")
+
+
+class PlanResult(PlanMetrics):
+    """The plan metrics plus whether the plan is valid and the busiest ranks relative to their role's mean."""
+
+    valid: bool = Field(description="Every element each rollout rank needs arrives exactly once")
+    top_imbalances: list[Imbalance] = Field(description="Busiest ranks first; empty when all ranks of a role move the same bytes")
+
+
+class Piece(BaseModel):
+    canonical: str = Field(description="Canonical (HF checkpoint) tensor name")
+    canonical_box: list[list[int]] = Field(description="[start, stop) per dim of the canonical tensor")
+    local_box: list[list[int]] = Field(description="[start, stop) per dim of the local tensor")
+    transpose: bool = Field(description="The canonical box is stored with dims reversed")
+
+
+class LocalTensor(BaseModel):
+    name: str
+    shape: list[int]
+    dtype: str
+    pieces: list[Piece] = Field(description="Canonical boxes making up this tensor; empty for padding only")
+
+
+class Explanation(BaseModel):
+    """How local tensors of one rank are made of canonical boxes (the `weightbridge explain --json` format)."""
+
+    side: str
+    rank: int
+    instance: int
+    local_rank: int
+    coords: dict[str, int] = Field(description="The rank's coordinate on every mesh axis")
+    tensors: list[LocalTensor]
+
+
+def register(server: MCPServer, config: ServerConfig) -> None:
+    @server.tool(title="Plan a weight transfer")
+    def plan_transfer(
+        spec_path: specs.SpecPath = None,
+        spec_text: specs.SpecText = None,
+        network: Annotated[
+            Literal["h100", "h200", "cpu-gloo"] | None, Field(description="Override the spec's network preset.")
+        ] = None,
+        round_bytes: Annotated[
+            Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=BYTES_PATTERN)] | None,
+            Field(description="Override sync.round_bytes: bytes or a size such as 256MiB."),
+        ] = None,
+        receiver_dedup: Annotated[
+            Literal["auto", "on", "off"], Field(description="Rollout instances complete shards among themselves.")
+        ] = "auto",
+        imbalances: Annotated[int, Field(ge=0, le=50, description="How many top imbalances to list.")] = 5,
+    ) -> PlanResult:
+        """Dry-run the transfer plan of a spec: rounds, bytes per sender/receiver, balance, predicted time.
+
+        Same fields as `weightbridge plan --json` (plus `valid` and `top_imbalances`). No process
+        group, no GPU. Give exactly one of spec_path or spec_text.
+        """
+        resolved = specs.resolve(config, spec_path, spec_text)
+        try:
+            report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup,
+                               round_bytes=parse_bytes(round_bytes) if round_bytes is not None else None)
+        except SpecErrors as exc:
+            raise fail(exc.problems[0].path, "\n".join(str(p) for p in exc.problems)) from None
+        return PlanResult(**report.metrics, valid=not report.problems,
+                          top_imbalances=top_imbalances(report.plan, imbalances))
+
+    @server.tool(title="Explain a rank's local tensor")
+    def explain_tensor(
+        side: specs.Side,
+        rank: specs.Rank,
+        tensor: Annotated[
+            str,
+            Field(min_length=1, description="Glob over local tensor names or their canonical source names, "
+                  "e.g. model.layers.0.self_attn.qkv_proj.weight or *.0.mlp.*"),
+        ],
+        spec_path: specs.SpecPath = None,
+        spec_text: specs.SpecText = None,
+    ) -> Explanation:
+        """How one local tensor of one rank is composed of canonical boxes (`weightbridge explain --json`).
+
+        Each piece says: these canonical elements (canonical_box of the canonical tensor) sit in
+        local_box of the local tensor. At most 200 tensors per call; narrow the glob for more.
+        """
+        resolved = specs.resolve(config, spec_path, spec_text)
+        layout = specs.rank_layout(resolved, side, rank)
+        tensors = select_tensors(layout, tensor)
+        if not tensors:
+            names = [t.name for t in layout.tensors]
+            close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; it holds e.g. {', '.join(names[:3])}"
+            raise fail("tensor", f"no local tensor of {side} rank {rank} matches {tensor!r}{hint}")
+        if len(tensors) > MAX_EXPLAINED:
+            raise fail("tensor", f"{tensor!r} matches {len(tensors)} local tensors of {side} rank {rank}; "
+                       f"narrow the glob (at most {MAX_EXPLAINED})")
+        return Explanation.model_validate(explain_json(layout, tensors))

@@ -1,0 +1,109 @@
+"""Tool ``probe_layout``: run ``weightbridge probe`` on a loader factory the user names, in a subprocess.
+
+The user's code (their engine's ``load_weights``) never runs in the server process: the
+probe is the CLI's, run with a deadline in its own process group; the server then reads
+the probe JSON and, with ``check``, diffs it against the spec's expansion of that rank.
+"""
+
+
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+from mcp_server import specs
+from mcp_server.roots import ServerConfig, fail
+from mcp_server.subproc import run_group
+
+_CLI_FLAGS = re.compile(r"--(loader|rank|side)\b")
+
+
+class TensorDifference(BaseModel):
+    tensor: str
+    message: str
+    only_in_probe: list[str] = Field(description="Pieces the loader produced that the spec does not (first 3)")
+    only_in_spec: list[str] = Field(description="Pieces the spec expects that the loader did not produce (first 3)")
+
+
+class ProbeReport(BaseModel):
+    """What probing the loader found for one rank."""
+
+    hash: str = Field(description="Layout hash of the probed IR (equal hashes mean identical layouts)")
+    tensors: int
+    pieces: int
+    verified: bool = Field(description="A real load of random weights matched the IR on every element it covers")
+    changed: dict[str, str] = Field(description="Local tensors the loader changed numerically (left out of the IR)")
+    casts: list[str]
+    skipped: list[str]
+    calls: int = Field(description="Probe calls of load_weights (rounds x chunks)")
+    summary: str
+    written_to: str | None = Field(description="The probe JSON, when output was given")
+    matches_spec: bool | None = Field(description="With check: the probed IR equals the spec's expansion of this rank")
+    differences: list[TensorDifference] = Field(description="With check: per-tensor differences (first 20)")
+
+
+def register(server: MCPServer, config: ServerConfig) -> None:
+    @server.tool(title="Probe an engine's loader")
+    async def probe_layout(
+        spec_path: Annotated[str, Field(min_length=1, description="Spec whose model: gives the canonical tensors.")],
+        loader: Annotated[
+            str,
+            Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$",
+                  description="MODULE:FACTORY importable from the server's working directory; FACTORY(resolved_spec, "
+                  "side, rank) returns an object with load_weights(iterable) and params(), or (load_weights, destinations)."),
+        ],
+        ctx: Context,
+        side: specs.Side = "rollout",
+        rank: specs.Rank = 0,
+        check: Annotated[bool, Field(description="Also diff the probed IR against the spec's expansion.")] = True,
+        output: Annotated[str | None, Field(description="Write the probe JSON here (inside the server's roots).")] = None,
+        overwrite: Annotated[bool, Field(description="Replace output if it exists.")] = False,
+        timeout_s: Annotated[int, Field(ge=1, description="Wall-clock limit for the probe subprocess.")] = 300,
+    ) -> ProbeReport:
+        """Recover one rank's layout IR from the engine's own load_weights (the loader is the truth).
+
+        Runs `weightbridge probe` in a subprocess with a deadline. With check (default), compares
+        the result with what the spec says that rank holds and lists the differences.
+        """
+        target = config.writable(output, "output", overwrite=overwrite) if output else None
+        config.check_timeout(timeout_s)
+        resolved = specs.resolve(config, spec_path, None)
+        want = specs.rank_layout(resolved, side, rank)
+        with tempfile.TemporaryDirectory(prefix="wb-probe-") as tmp:
+            out = target or Path(tmp) / "probe.json"
+            argv = [sys.executable, "-m", "weightbridge", "probe", str(config.resolve(spec_path)), "--loader", loader,
+                    "--side", side, "--rank", str(rank), "-o", str(out)]
+            await ctx.report_progress(0, 1, f"probing {side} rank {rank} with {loader}")
+            fin = await run_group(argv, cwd=config.base_dir, timeout_s=timeout_s)
+            if fin.timed_out:
+                raise fail("timeout_s", f"the probe did not finish within {timeout_s} s; its process group was killed")
+            if fin.returncode == 2:  # a user error the CLI explains on stderr
+                text = fin.stderr.strip().removeprefix("weightbridge probe: ")
+                raise ToolError(_CLI_FLAGS.sub(r"\1", text))
+            if not out.is_file():
+                last = (fin.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise fail("loader", f"{loader} failed (exit {fin.returncode}): {last}")
+            obj = json.loads(out.read_text())
+        from weightbridge.layout.ir import RankLayout
+        from weightbridge.probe.diff import diff_layouts
+
+        got = RankLayout.from_json(obj["layout"])
+        diffs = diff_layouts(got, want) if check else []
+        await ctx.report_progress(1, 1, "probed")
+        return ProbeReport(
+            hash=obj["hash"], tensors=len(got.tensors), pieces=sum(len(t.pieces) for t in got.tensors),
+            verified=obj["verified"], changed=obj["changed"], casts=obj["casts"], skipped=obj["skipped"],
+            calls=obj["calls"], summary=fin.stdout.strip(), written_to=str(target) if target else None,
+            matches_spec=(not diffs) if check else None,
+            differences=[
+                TensorDifference(tensor=d.name, message=d.message, only_in_probe=[str(p) for p in d.only_a[:3]],
+                                 only_in_spec=[str(p) for p in d.only_b[:3]])
+                for d in diffs[:20]
+            ],
+        )

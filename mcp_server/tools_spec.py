@@ -1,0 +1,148 @@
+"""Tools ``generate_spec`` (draft a spec from a description) and ``validate_spec`` (``weightbridge validate --json``)."""
+
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, ConfigDict, Field
+
+from mcp_server import specs
+from mcp_server.roots import ServerConfig, fail, write_text_atomic
+from weightbridge.canonical import bundled_names
+from weightbridge.cli.models_cmd import source_for
+from weightbridge.spec.draft import draft_spec
+from weightbridge.spec.models import BYTES_PATTERN
+from weightbridge.spec.resolve import check_text
+
+Mesh = dict[Annotated[str, Field(pattern=r"^[a-z_]+$")], Annotated[int, Field(ge=1)]]
+
+
+class TrainerSide(BaseModel):
+    """The training framework and its parallelism."""
+
+    model_config = ConfigDict(extra="forbid")
+    framework: Literal["megatron", "fsdp2", "hf"] = Field(description="megatron (Megatron-Core), fsdp2 (FSDP2/DTensor) or hf")
+    mesh: Mesh = Field(
+        default_factory=dict,
+        description="Mesh sizes by axis; megatron: tp, pp, dp, cp, ep, etp; fsdp2: dp, tp, cp, dp_replicate; hf: dp.",
+    )
+
+
+class RolloutSide(BaseModel):
+    """The inference engine, its parallelism and how many identical engines."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: Literal["vllm", "sglang", "hf"] = Field(description="vllm, sglang or hf")
+    mesh: Mesh = Field(default_factory=dict, description="Mesh sizes by axis: tp, pp, ep.")
+    instances: int | None = Field(default=None, ge=1, description="Identical engine instances (default 1).")
+
+
+class GeneratedSpec(BaseModel):
+    """A drafted spec that passed every check of ``weightbridge validate``."""
+
+    yaml: str = Field(description="The spec text")
+    assumed: list[str] = Field(description="Defaults filled in, one line each")
+    summary: str = Field(description="What the spec resolves to")
+    written_to: str | None = Field(description="The file written, when write_to was given")
+
+
+class ValidationReport(BaseModel):
+    """Every problem of a spec (empty and valid=true when it resolves)."""
+
+    spec: str
+    valid: bool
+    problems: list[specs.Problem]
+    summary: str | None = Field(description="Canonical tensors and ranks per side, when valid")
+
+
+def _argument(path: str) -> str:
+    """The generate_spec argument behind a spec JSON path: $.rollout.mesh.tp -> rollout.mesh.tp."""
+    parts = path.removeprefix("$").lstrip(".").replace("[", ".").split(".")
+    head = parts[0]
+    if head in ("trainer", "rollout"):
+        if len(parts) > 1 and parts[1] in ("mesh", "instances"):
+            return ".".join(parts[:3])
+        return f"{head}.{'framework' if head == 'trainer' else 'engine'}"
+    if head == "sync" and len(parts) > 1:
+        return parts[1]
+    return head or "model"
+
+
+def _summary(resolved: Any) -> str:
+    t, r = resolved.trainer, resolved.rollout
+    per = r.world_size // max(1, r.num_instances)
+    return (f"{len(resolved.canonical)} canonical tensors; trainer {t.world_size} ranks, "
+            f"rollout {r.num_instances} x {per} ranks; spec hash {resolved.spec_hash}")
+
+
+def register(server: MCPServer, config: ServerConfig) -> None:
+    _register_generate(server, config)
+    _register_validate(server, config)
+
+
+def _register_generate(server: MCPServer, config: ServerConfig) -> None:
+    def generate(model: str, trainer: TrainerSide, rollout: RolloutSide, mode: str | None,
+                 round_bytes: str | None, write_to: str | None = None, overwrite: bool = False) -> GeneratedSpec:
+        target: Path | None = config.writable(write_to, "write_to", overwrite=overwrite) if write_to else None
+        local = config.resolve(model)
+        source = source_for(str(local) if local.exists() else model)
+        if "bundled" in source and model not in bundled_names():
+            raise fail("model", f"{model!r} is neither a file nor a bundled model ({', '.join(bundled_names())})")
+        draft = draft_spec(source, trainer_preset=trainer.framework, trainer_mesh=trainer.mesh,
+                           rollout_preset=rollout.engine, rollout_mesh=rollout.mesh,
+                           rollout_instances=rollout.instances, mode=mode, round_bytes=round_bytes)
+        base = target.parent if target else config.base_dir
+        resolved, problems = check_text(draft.text, str(target or "<draft>"), base_dir=base)
+        if problems or resolved is None:
+            raise ToolError("\n".join(
+                f"{_argument(p.path)}: {p.message}" + (f" ({p.hint})" if p.hint else "") + f" [spec path {p.path}]"
+                for p in problems
+            ))
+        if target is not None:
+            write_text_atomic(target, draft.text)
+        return GeneratedSpec(yaml=draft.text, assumed=draft.assumptions, summary=_summary(resolved),
+                             written_to=str(target) if target else None)
+
+    ModelArg = Annotated[str, Field(min_length=1, description="Bundled model name, HF config.json, or safetensors path.")]
+    ModeArg = Annotated[Literal["sync", "async", "colocated"] | None, Field(description="Update mode (default sync).")]
+    RoundArg = Annotated[str | None, Field(pattern=BYTES_PATTERN,
+                                           description="Per-rank wire cap per round, e.g. 256MiB (default 1GiB).")]
+    doc = ("Draft a weightbridge spec from a short description and check it like `weightbridge validate`.\n\n"
+           "Returns the YAML and the defaults it assumed. A mesh that does not fit the model is an error naming "
+           "the argument and the spec path (rollout.mesh.tp ... [spec path $.rollout.mesh.tp]).")
+    if config.read_only:  # no write_to at all
+        def generate_spec(model: ModelArg, trainer: TrainerSide, rollout: RolloutSide,
+                          mode: ModeArg = None, round_bytes: RoundArg = None) -> GeneratedSpec:
+            return generate(model, trainer, rollout, mode, round_bytes)
+
+        server.add_tool(generate_spec, title="Draft a spec", description=doc)
+        return
+
+    def generate_spec(  # the variant that can write
+        model: ModelArg, trainer: TrainerSide, rollout: RolloutSide, mode: ModeArg = None, round_bytes: RoundArg = None,
+        write_to: Annotated[str | None, Field(description="Also write the spec to this file (inside the server's roots).")] = None,
+        overwrite: Annotated[bool, Field(description="Replace write_to if it exists.")] = False,
+    ) -> GeneratedSpec:
+        return generate(model, trainer, rollout, mode, round_bytes, write_to, overwrite)
+
+    server.add_tool(generate_spec, title="Draft a spec",
+                    description=doc + " With write_to, the spec is also written there (only inside the allowed roots).")
+
+
+def _register_validate(server: MCPServer, config: ServerConfig) -> None:
+    @server.tool(title="Validate a spec")
+    def validate_spec(spec_path: specs.SpecPath = None, spec_text: specs.SpecText = None) -> ValidationReport:
+        """Check a spec (schema, model, mesh divisibility, coverage) and list every problem with its JSON path and line.
+
+        Give exactly one of spec_path or spec_text. An invalid spec is a normal result (valid=false),
+        not an error; an unreadable file is an error.
+        """
+        resolved, problems = specs.check(config, spec_path, spec_text)
+        return ValidationReport(
+            spec=spec_path if spec_path is not None else "<spec_text>",
+            valid=not problems,
+            problems=specs.problems_out(problems),
+            summary=_summary(resolved) if resolved is not None and not problems else None,
+        )
