@@ -1,0 +1,128 @@
+"""Writing a rank's local tensors into a live vLLM model through vLLM's layerwise reload.
+
+Runs inside a vLLM worker process (the weight-transfer engine calls it). Frame: the tensors
+written are the rank's *checkpoint-format* local tensors (the names, shapes and dtypes vLLM's
+``load_weights`` fills before ``process_weights_after_loading``: fused ``qkv_proj``,
+``gate_up_proj``, ``mlp.experts.routed_experts.w13_weight``, vocab-parallel shards, ...), i.e. the
+``vllm`` preset's local tensors and what probing vLLM's loader reports.
+
+Why not copy into ``model.parameters()``: post-processing replaces them (on CPU linear weights
+are prepacked for oneDNN and the parameters left empty; FP8 and other quantised layers do the
+same on GPU), so an in-place write is not an update. Instead (vLLM's checkpoint-format reload):
+``initialize_layerwise_reload`` restores checkpoint-format parameters on the meta device and
+wraps their loaders; each wrapped load is buffered, and when a layer has all its elements it is
+materialised, loaded, post-processed and copied into the kernel tensors the engine runs on.
+weightbridge swaps the loader *inside* that wrapper for a plain copy of the whole local tensor,
+so no HF-name routing runs and nothing is gathered.
+
+Two vLLM 0.32 CPU defects hit every in-place reload (vLLM's own ``reload_weights`` too; see
+docs/vllm_integration_notes.md §4.2) and are worked around here:
+
+1. a tied ``lm_head`` keeps its old prepacked GEMM: re-process it after finalising;
+2. CPU MoE layers skip their kernel's padding/prepacking on reload when ``moe_kernel`` is
+   already set: drop ``moe_kernel`` before the reload so the first-load path runs, and put back
+   any kernel a layer did not rebuild (a layer not updated this time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def _direct_copy_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """A rank's local tensor as-is (checkpoint format, already sharded for this rank)."""
+    if tuple(param.shape) != tuple(loaded_weight.shape):
+        raise ValueError(f"local tensor shape {tuple(loaded_weight.shape)} != parameter shape {tuple(param.shape)}")
+    param.data.copy_(loaded_weight)
+
+
+class ReloadSession:
+    """One weight update of one vLLM model: ``begin()``, ``write(tensors)`` (any number), ``finish()``.
+
+    Called by the worker's weight-transfer engine from ``start_weight_update`` /
+    ``update_weights`` / ``finish_weight_update``; all in the worker's thread, between engine steps.
+    """
+
+    def __init__(self, model: torch.nn.Module, model_config: Any) -> None:
+        self.model = model
+        self.model_config = model_config
+        self._moe_kernels: list[tuple[Any, Any]] = []
+        self._written: set[str] = set()
+        self._loaders: list[tuple[torch.Tensor, Any]] = []
+        self._active = False
+
+    def begin(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        for mod in self.model.modules():  # defect 2: force the first-load kernel setup
+            qm = getattr(mod, "quant_method", None)
+            kernel = getattr(qm, "moe_kernel", None)
+            if kernel is not None:
+                self._moe_kernels.append((qm, kernel))
+                qm.moe_kernel = None
+        try:
+            initialize_layerwise_reload(self.model)
+        except BaseException:
+            self._put_back_kernels()
+            raise
+        self._active = True
+
+    def write(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """Load whole local tensors (name -> tensor in this rank's checkpoint-format layout).
+
+        Returns the number of elements written. Raises ``KeyError`` naming a tensor the model
+        does not have (the layout disagrees with the engine: probe it).
+        """
+        if not self._active:
+            raise RuntimeError("ReloadSession.write() before begin()")
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            _get_original_loader,
+            make_online_process_loader,
+        )
+
+        modules = dict(self.model.named_modules())
+        n = 0
+        for name, tensor in tensors.items():
+            mod_name, _, pname = name.rpartition(".")
+            mod = modules.get(mod_name)
+            if mod is None or pname not in mod._parameters:
+                raise KeyError(f"vLLM model has no checkpoint-format parameter {name!r}")
+            param = mod._parameters[pname]
+            # Swap the loader inside vLLM's buffering wrapper for a plain copy. The parameter is
+            # vLLM's recorded metadata object (restored on meta; ``bias`` is the live one), reused
+            # by every later reload: finish() puts the original loader back.
+            if not any(p is param for p, _ in self._loaders):
+                self._loaders.append((param, _get_original_loader(param)))
+            param.weight_loader = _direct_copy_loader
+            param.weight_loader = make_online_process_loader(mod, pname)
+            param.weight_loader(param, tensor)
+            n += tensor.numel()
+            self._written.add(name)
+        return n
+
+    def finish(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if not self._active:
+            return
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+            lm = getattr(self.model, "lm_head", None)  # defect 1
+            tied = getattr(getattr(self.model_config, "hf_config", None), "tie_word_embeddings", False)
+            if tied and lm is not None and hasattr(lm, "quant_method") and self._written:
+                lm.quant_method.process_weights_after_loading(lm)
+        finally:
+            for param, loader in self._loaders:
+                param.weight_loader = loader
+            self._loaders = []
+            self._put_back_kernels()
+            self._active = False
+
+    def _put_back_kernels(self) -> None:
+        for qm, kernel in self._moe_kernels:
+            if getattr(qm, "moe_kernel", None) is None:
+                qm.moe_kernel = kernel
+        self._moe_kernels = []

@@ -1,0 +1,338 @@
+"""A tiny RL loop on CPU that checks the vLLM integration end to end; used by the tests and the bench.
+
+Processes:
+
+* the driver (the caller's process, ``if __name__ == "__main__":`` guarded: vLLM spawns) hosts
+  the control store, starts the trainer ranks, owns the ``vllm.LLM`` and drives updates;
+* 2 trainer ranks (:func:`trainer_main`, Gloo, FSDP2 ``fully_shard`` over dp=2, float32
+  master weights, real AdamW steps on a fixed token pattern) push every version; rank 0 also
+  saves the full model (``save_pretrained``: HF checkpoint names) and the HF model's greedy
+  continuations of :data:`PROMPTS` for each version, for verification only;
+* vLLM's workers receive (weightbridge's engine backend).
+
+Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
+``tiny-qwen3-moe-vllm`` (fused experts; the trainer holds transformers' fused
+``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODELS = {"qwen2": "tiny-qwen2-vllm", "qwen3-moe": "tiny-qwen3-moe-vllm"}
+PROMPTS = [[5, 17, 33, 42, 99, 7], [1, 2, 3, 4, 5, 6, 7, 8]]
+NEW_TOKENS = 8
+
+# transformers keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]);
+# FSDP2 shards them on dim 0, i.e. deals experts over dp.
+MOE_TRAINER_RULES = """\
+  rules:
+    - local: model.layers.{layer}.mlp.experts.gate_up_proj
+      stack: {count: num_experts, axis: dp}
+      concat:
+        dim: 0
+        parts:
+          - {canonical: "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"}
+          - {canonical: "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"}
+    - local: model.layers.{layer}.mlp.experts.down_proj
+      stack: {count: num_experts, axis: dp}
+      canonical: model.layers.{layer}.mlp.experts.{expert}.down_proj.weight
+"""
+
+SPEC = """\
+# {kind}: FSDP2 dp2 trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).
+version: 1
+model: {{config: {model_dir}/config.json}}
+trainer:
+  preset: fsdp2
+  mesh: {{dp: 2}}
+{trainer_rules}rollout:
+  preset: vllm
+  mesh: {{tp: {tp}}}
+sync:
+  mode: {mode}
+  max_staleness: 1
+  round_bytes: 64MiB
+  transport: gloo
+  timeout_s: {timeout_s}
+"""
+
+
+# A plausible mistake: q, v, k instead of q, k, v in the fused projection (same shapes).
+WRONG_QKV_RULE = """\
+  rules:
+    - local: model.layers.{layer}.self_attn.qkv_proj.weight
+      concat:
+        dim: 0
+        parts:
+          - {canonical: "model.layers.{layer}.self_attn.q_proj.weight", shard: [{dim: 0, axis: tp, blocks: num_heads}]}
+          - {canonical: "model.layers.{layer}.self_attn.v_proj.weight",
+             shard: [{dim: 0, axis: tp, blocks: num_kv_heads, replicate: true}]}
+          - {canonical: "model.layers.{layer}.self_attn.k_proj.weight",
+             shard: [{dim: 0, axis: tp, blocks: num_kv_heads, replicate: true}]}
+"""
+
+
+def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0,
+              rollout_rules: str = "") -> str:
+    rules = MOE_TRAINER_RULES if kind == "qwen3-moe" else ""
+    text = SPEC.format(kind=kind, model_dir=Path(model_dir).resolve(), trainer_rules=rules, tp=tp, mode=mode,
+                       timeout_s=timeout_s)
+    mesh = f"  mesh: {{tp: {tp}}}\n"
+    return text.replace(f"rollout:\n  preset: vllm\n{mesh}", f"rollout:\n  preset: vllm\n{mesh}{rollout_rules}")
+
+
+def hf_config(kind: str, **overrides: Any) -> Any:
+    from transformers import AutoConfig
+
+    from weightbridge.canonical.bundled import bundled_config_path
+
+    cfg = json.loads(Path(bundled_config_path(MODELS[kind])).read_text())
+    cfg.update(overrides)
+    return AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
+
+
+def write_model(directory: str | Path, kind: str, *, seed: int = 0, **overrides: Any) -> Path:
+    """Random-init tiny model saved with ``save_pretrained`` (float32; no hub access)."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(kind, **overrides), dtype=torch.float32)
+    model.save_pretrained(directory)
+    return directory
+
+
+@torch.no_grad()
+def greedy(model: torch.nn.Module, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> list[list[int]]:
+    """Greedy continuation of each prompt (no KV cache: the tiny model is cheap)."""
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        new: list[int] = []
+        for _ in range(n):
+            nxt = int(model(input_ids=ids).logits[0, -1].argmax())
+            new.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+        out.append(new)
+    return out
+
+
+def version_dir(workdir: str | Path, version: int) -> Path:
+    return Path(workdir) / f"v{version}"
+
+
+def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """One trainer rank (launched by :func:`weightbridge.transport.localrun.launch`).
+
+    ``job``: rank, host, port (control store, hosted by the driver), model_dir, workdir,
+    phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    from weightbridge.bridge import TrainerBridge, load_spec
+    from weightbridge.transport.store import open_store
+
+    rank, world = job["rank"], 2
+    store = open_store(job["host"], job["port"], is_master=False, timeout_s=job["timeout_s"])
+    dist.init_process_group("gloo", store=dist.PrefixStore("selfcheck/trainer-world/", store), rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32) if rank == 0 else None
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=job.get("lr", 3e-3))
+    params = dict(model.named_parameters())
+    vocab = model.config.vocab_size
+    records: list[dict[str, Any]] = []
+    version = 0
+    try:
+        for phase in job["phases"]:
+            resolved = load_spec(phase["spec"])
+            bridge = TrainerBridge.from_spec(resolved, rank=rank, tensors=_local(params), store=store,
+                                             prefix=phase["prefix"], heartbeat_s=0.5)
+            try:
+                for _ in range(phase["steps"]):
+                    version += 1
+                    if job.get("go_key"):  # the bench paces the steps so that timings do not overlap
+                        store.wait([f"{job['go_key']}/{version}"])
+                    loss = _train_step(model, opt, vocab, version)
+                    # Verification (and the bench's baseline): gather the full model (a collective), save it.
+                    t0 = time.perf_counter()
+                    full = {name: p.full_tensor().detach() for name, p in params.items()}
+                    t1 = time.perf_counter()
+                    if plain is not None:
+                        _save_version(plain, full, job["workdir"], version, greedy_too=not job.get("go_key"))
+                    t2 = time.perf_counter()
+                    wall0 = time.time()
+                    stats = bridge.push(version, tensors=_local(params))
+                    records.append({"phase": phase["prefix"], "version": version, "loss": loss,
+                                    "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
+                                    "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
+            finally:
+                bridge.close()
+    finally:
+        dist.destroy_process_group()
+    return records
+
+
+def _local(params: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: p.to_local() for name, p in params.items()}
+
+
+def _train_step(model: torch.nn.Module, opt: Any, vocab: int, version: int) -> float:
+    """One AdamW step on a fixed arithmetic token pattern (a different offset per version)."""
+    g = torch.Generator().manual_seed(version)
+    start = torch.randint(0, vocab, (4, 1), generator=g)
+    ids = (start + 3 * torch.arange(24)) % vocab
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+def _save_version(plain: torch.nn.Module, full: dict[str, torch.Tensor], workdir: str, version: int, *,
+                  greedy_too: bool = True) -> None:
+    """Rank 0: the full model as an HF checkpoint (``save_pretrained``) and its greedy output."""
+    out = version_dir(workdir, version)
+    tmp = out.with_name(out.name + ".tmp")
+    missing, unexpected = plain.load_state_dict(full, strict=False)
+    tied = {"lm_head.weight"} if plain.config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"full state dict does not fit the model: missing {missing}, unexpected {unexpected}")
+    plain.save_pretrained(tmp)
+    (tmp / "greedy.json").write_text(json.dumps(greedy(plain) if greedy_too else None))
+    os.replace(tmp, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+# ---------------------------------------------------------------------------------------------
+
+
+def make_llm(model_dir: str | Path, tp: int, **kw: Any) -> Any:
+    """A vLLM engine on the CPU settings that work here, with weightbridge's backend."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if tp == 2:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    from vllm import LLM
+    from vllm.config import WeightTransferConfig
+
+    from weightbridge.integrations.vllm import BACKEND
+
+    return LLM(
+        model=str(model_dir), tensor_parallel_size=tp, skip_tokenizer_init=True, enforce_eager=True,
+        dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
+        weight_transfer_config=WeightTransferConfig(backend=BACKEND),
+        worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension", **kw,
+    )
+
+
+def generate(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("sync", "async"), steps: int = 3,
+        timeout_s: float = 120.0, check_wrong_spec: bool = True, log: Any = print) -> dict[str, Any]:
+    """The whole loop; returns a report (per applied version: mismatches, generations, timings).
+
+    Call from the main module under ``if __name__ == "__main__":``. Every wait is bounded: the
+    trainer ranks are killed at ``timeout_s * (steps + 2)`` and each update waits ``timeout_s``.
+    """
+    import threading
+
+    from weightbridge.integrations.vllm.driver import VLLMWeightSync
+    from weightbridge.transport.localrun import launch
+    from weightbridge.transport.store import open_store
+
+    workdir = Path(workdir)
+    model_dir = write_model(workdir / "v0", kind)
+    (model_dir / "greedy.json").write_text("null")
+    for mode in modes:  # for `weightbridge diff` against the probe cache afterwards
+        (workdir / f"spec_{mode}.yaml").write_text(spec_text(kind, model_dir, tp, mode, timeout_s))
+    master = open_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
+    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": steps, "spec": spec_text(kind, model_dir, tp, m, timeout_s)}
+              for m in modes]
+    job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(workdir),
+           "phases": phases, "timeout_s": timeout_s}
+    trainer_results: list[Any] = []
+    trainers = threading.Thread(target=lambda: trainer_results.extend(
+        launch(trainer_main, [({**job, "rank": r},) for r in range(2)], timeout_s=timeout_s * (steps + 2) * len(modes),
+               threads=1)), daemon=True)
+    trainers.start()  # they start (Gloo, FSDP2, first step) while the engine starts; push(1) waits for it
+    t0 = time.perf_counter()
+    llm = make_llm(model_dir, tp)
+    report: dict[str, Any] = {"kind": kind, "tp": tp, "engine_start_s": time.perf_counter() - t0,
+                              "initial": generate(llm), "updates": [], "trainer": None}
+    log(f"[selfcheck] {kind} TP{tp}: engine up in {report['engine_start_s']:.1f}s; initial {report['initial']}")
+    try:
+        for phase in phases:
+            t0 = time.perf_counter()
+            sync = VLLMWeightSync(llm, phase["spec"], host="127.0.0.1", port=master.port, prefix=phase["prefix"],
+                                  heartbeat_s=0.5)
+            log(f"[selfcheck] {phase['mode']}: engine joined the bridge in {time.perf_counter() - t0:.1f}s")
+            last = steps * (1 + phases.index(phase))
+            deadline = time.monotonic() + timeout_s * (steps + 1)
+            while (sync.version or 0) < last and time.monotonic() < deadline:
+                t0 = time.perf_counter()
+                if phase["mode"] == "sync":
+                    v = sync.update((sync.version or last - steps) + 1)
+                else:
+                    generate(llm)  # serving continues while the next version lands in staging
+                    v = sync.update()
+                    if v is None:
+                        time.sleep(0.02)
+                        continue
+                update_s = time.perf_counter() - t0
+                report["updates"].append(_verify(llm, phase["mode"], v, workdir, update_s))
+                log(f"[selfcheck] {phase['mode']} v{v}: update {update_s * 1e3:.0f} ms, "
+                    f"{report['updates'][-1]['problems'] or 'bitwise equal'}, generations "
+                    f"{'equal' if report['updates'][-1]['generation_equal'] else 'DIFFER'}")
+        report["weight_version"] = llm.get_weight_version()
+        # Last: after a worker raises, vLLM's RPC may hand the other workers' late replies to the
+        # next call, so an engine whose init failed should be restarted, not reused.
+        if check_wrong_spec:  # the engine's loader is the truth: a spec that disagrees fails at init
+            wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULE)
+            try:
+                VLLMWeightSync(llm, wrong, host="127.0.0.1", port=master.port, prefix="wb-wrong")
+                report["wrong_spec_error"] = None
+            except Exception as exc:  # noqa: BLE001 - vLLM re-raises the worker's error as its own type
+                report["wrong_spec_error"] = f"{type(exc).__name__}: {exc}"
+            log(f"[selfcheck] wrong spec -> {str(report['wrong_spec_error'])[:300]}")
+    finally:
+        trainers.join(timeout=timeout_s * (steps + 2) * len(modes))
+        report["trainer"] = [{"ok": r.ok, "error": r.error, "timed_out": r.timed_out, "value": r.value}
+                             for r in trainer_results]
+        try:
+            llm.collective_rpc("shutdown_weight_transfer_engine")
+        except Exception as exc:  # noqa: BLE001 - see above: a late reply of the failed init
+            log(f"[selfcheck] shutdown: {exc}"[:200])
+        del llm
+    return report
+
+
+def _verify(llm: Any, mode: str, version: int, workdir: Path, update_s: float) -> dict[str, Any]:
+    vdir = version_dir(workdir, version)
+    problems = [p for rank_problems in llm.collective_rpc("weightbridge_check", args=(str(vdir),))
+                for p in rank_problems]
+    got = generate(llm)
+    want = json.loads((vdir / "greedy.json").read_text())
+    status = llm.collective_rpc("weightbridge_status")
+    return {"mode": mode, "version": version, "update_s": update_s, "problems": problems, "generated": got,
+            "trainer_greedy": want, "generation_equal": got == want, "workers": status}
