@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from transformers_facts import deepseek_router_weight_fp32
 
 from weightbridge.canonical import CanonicalSourceError, bundled_config_path, from_hf_config
 from weightbridge.canonical import hf_config as hf_config_mod
@@ -175,8 +176,8 @@ def test_deepseek_fp32_router_and_mla() -> None:
         (8,),
         "float32",
     )
-    # transformers 5 keeps the router weight in fp32 too (_keep_in_fp32_modules_strict).
-    assert m["model.layers.1.mlp.gate.weight"].dtype == "float32"
+    # transformers >= 5.2x keeps the router weight in fp32 too (_keep_in_fp32_modules_strict).
+    assert m["model.layers.1.mlp.gate.weight"].dtype == ("float32" if deepseek_router_weight_fp32() else "bfloat16")
     assert "model.layers.0.mlp.gate.weight" not in m  # first_k_dense_replace = 1
     assert m["model.layers.0.mlp.gate_proj.weight"].shape == (128, 64)
     assert m["model.layers.2.mlp.experts.7.down_proj.weight"].shape == (64, 32)

@@ -22,6 +22,11 @@ def _save_real_model(name: str, out: Path, max_shard_size: str | None) -> None:
     config = CONFIG_MAPPING[raw["model_type"]].from_dict(_prepare(raw))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # as from_pretrained does (some transformers versions skip it in from_config)
+    strict = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if any(k in name.split(".") for k in strict):
+            t.data = t.data.float()
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)
 

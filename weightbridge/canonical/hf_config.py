@@ -36,7 +36,7 @@ from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: forced-fp32 modules applied explicitly
 _DROPPED_KEYS = ("quantization_config",)
 
 
@@ -174,13 +174,31 @@ def _instantiate(prepared: dict[str, Any], dtype: str, version: str) -> list[Can
             state.pop(key, None)
         state = _drop_tied(model, state)
         state = _revert(model, state)
+        forced = _forced_fp32(model, dtype)
     except CanonicalSourceError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, ImportError) as exc:
         raise CanonicalSourceError(
             "config", f"transformers {version} cannot build {model_type!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    return [CanonicalTensor(name, tuple(int(d) for d in t.shape), _dtype_name(t.dtype)) for name, t in state.items()]
+    return [
+        CanonicalTensor(name, tuple(int(d) for d in t.shape),
+                        "float32" if t.dtype.is_floating_point and forced(name) else _dtype_name(t.dtype))
+        for name, t in state.items()
+    ]
+
+
+def _forced_fp32(model: Any, dtype: str) -> Any:
+    """Which names transformers keeps in float32 at this dtype: ``_keep_in_fp32_modules_strict``
+    (bf16 and fp16), ``_keep_in_fp32_modules`` (fp16 only), matched per name component as
+    ``from_pretrained`` does. Some transformers versions also apply this at construction; others
+    only when loading, so it is applied here explicitly and the result does not depend on which."""
+    keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == "float16":
+        keep += list(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if dtype not in ("float16", "bfloat16") or not keep:
+        return lambda name: False
+    return lambda name: any(k in name.split(".") for k in keep)
 
 
 def _model_class(transformers: Any, prepared: dict[str, Any]) -> Any:
