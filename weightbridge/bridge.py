@@ -407,7 +407,7 @@ class TrainerBridge(_Endpoint):
         wait_s = 0.0
         # Failures already published in the current epoch concern an earlier push: the waits
         # before the announcement ignore them (trainer 0 starts a new epoch because of them).
-        self._since = self.cp.counter(self.keys.failures(self.epoch)) if self.epoch else 0
+        self._since = self.cp.counter(self.keys.failures(self.epoch))
         try:
             if self.rank == 0:
                 ann, waited = self._announce(version)
@@ -539,7 +539,8 @@ class TrainerBridge(_Endpoint):
 
         self.cp.wait_for(
             [self.keys.announce], self.cp.deadline(2 * self.timeout_s), f"trainer 0 to announce version {version}",
-            ready=is_mine, epoch=self.epoch or None, since=self._since, watch=[RankId(TRAINER, 0)],
+            # epoch 0 too: trainer 0 publishes there when it fails before any epoch (no receivers)
+            ready=is_mine, epoch=self.epoch, since=self._since, watch=[RankId(TRAINER, 0)],
         )
         return seen[0]
 

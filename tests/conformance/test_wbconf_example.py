@@ -18,7 +18,7 @@ BREAKAGES = {
                         "apply() returned 2 but .version then read 1"),
     "swallow-errors": ("dead_sender or interrupted or heals", {"fault.sender-dies.typed-error"},
                        "no error reported after trainer 1 died"),
-    "retry-on-deadline": ("nobody_receives", {"fault.no-receiver.deadline"}, "the bound is 8.0s"),
+    "retry-on-deadline": ("nobody_receives", {"fault.no-receiver.deadline"}, "the bound is 5.0s"),
     "torn-hidden": ("dead_sender or interrupted or heals", {"fault.torn-state.safe"},
                     "neither torn nor at any version"),
 }

@@ -277,7 +277,7 @@ class ConformanceSuite:
         if v.processes_ok():
             for proc in run.role("trainer"):
                 started = proc.events[0]["start"] if proc.events else 0.0
-                typed_error_in_time(v, proc, started, 2 * self.timeout_s + self.slack_s, "push(1) started")
+                typed_error_in_time(v, proc, started, self.timeout_s + self.slack_s, "push(1) started")
         v.done()
 
     # -- membership and handshake ------------------------------------------------------------
