@@ -37,7 +37,8 @@ INSTALL_HINT = (
 if TYPE_CHECKING:
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
 
-__all__ = ["BACKEND", "INSTALL_HINT", "VLLMWeightSync", "WorkerExtension", "register"]
+__all__ = ["BACKEND", "INSTALL_HINT", "VLLMWeightSync", "WorkerExtension", "error_data", "error_from_data", "register",
+           "tensors_from_data"]
 
 
 def register() -> None:
@@ -59,9 +60,13 @@ def register() -> None:
 class WorkerExtension:
     """``worker_extension_cls`` target: importing this module registers the backend in the worker.
 
-    Adds two RPCs: ``llm.collective_rpc("weightbridge_status")`` (per worker: rollout rank,
-    applied version, last update's timings; None before init) and
-    ``llm.collective_rpc("weightbridge_check", args=(checkpoint_dir,))`` (bitwise check).
+    Adds RPCs: ``llm.collective_rpc("weightbridge_status")`` (per worker: rollout rank,
+    applied version, last update's timings; None before init),
+    ``llm.collective_rpc("weightbridge_check", args=(checkpoint_dir,))`` (bitwise check), and for
+    the conformance suite (:mod:`weightbridge.integrations.vllm.conformance`)
+    ``weightbridge_poll`` (the bridge's ``poll()`` in the worker: staged version, or the typed
+    error of a failed receive as plain data), ``weightbridge_buffers`` (the receive buffers as CPU
+    tensors) and ``weightbridge_probed_layout`` (the layout probed from vLLM's loader, as JSON).
     """
 
     def weightbridge_check(self, checkpoint_dir: str) -> list[str]:
@@ -75,6 +80,77 @@ class WorkerExtension:
         engine = getattr(self, "weight_transfer_engine", None)
         status = getattr(engine, "status", None)
         return status() if callable(status) else None
+
+    def weightbridge_poll(self) -> dict[str, Any]:
+        """``bridge.poll()`` in this worker: ``{"rank", "staged", "version", "error"}``; ``error`` is
+        None or a failed receive's typed error as plain data (see :func:`error_data`)."""
+        from weightbridge.errors import BridgeError
+
+        engine = self._wb_engine()
+        out: dict[str, Any] = {"rank": engine.me, "staged": None, "version": engine.bridge.version, "error": None}
+        try:
+            engine.bridge.poll()
+        except BridgeError as exc:
+            out["error"] = error_data(exc)
+        out["staged"] = engine.bridge.staged_version
+        return out
+
+    def weightbridge_last_error(self) -> dict[str, Any] | None:
+        """The typed error of this worker's last failed update (as :func:`error_data`), then cleared."""
+        engine = self._wb_engine()
+        exc, engine.last_error = engine.last_error, None
+        return None if exc is None else error_data(exc)
+
+    def weightbridge_buffers(self) -> dict[str, Any]:
+        """This worker's receive buffers (the rank's checkpoint-format shard): name -> [dtype, shape,
+        raw bytes] (vLLM's msgpack RPC replies turn tensors into lists); :func:`tensors_from_data`."""
+        import torch
+
+        out = {}
+        for name, t in self._wb_engine().buffers.items():
+            cpu = t.detach().to("cpu").contiguous()
+            out[name] = [str(cpu.dtype).removeprefix("torch."), list(cpu.shape),
+                         cpu.view(-1).view(torch.uint8).numpy().tobytes()]
+        return out
+
+    def weightbridge_probed_layout(self) -> dict[str, Any] | None:
+        """The RankLayout probed from vLLM's ``load_weights`` at init (JSON), None with ``probe="off"``."""
+        probed = self._wb_engine().probed
+        return None if probed is None else probed.to_json()
+
+    def _wb_engine(self) -> Any:
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is None or getattr(engine, "bridge", None) is None:
+            raise RuntimeError("weightbridge engine not initialised: call llm.init_weight_transfer_engine first")
+        return engine
+
+
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """A typed error as msgpack-able data (vLLM's RPC replies): class path, attributes, message."""
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return {"type": f"{type(exc).__module__}:{type(exc).__qualname__}", "attrs": attrs, "message": str(exc)}
+
+
+def tensors_from_data(data: dict[str, Any]) -> dict[str, Any]:
+    """CPU tensors from :meth:`WorkerExtension.weightbridge_buffers`'s reply (bit-exact)."""
+    import torch
+
+    out = {}
+    for name, (dtype, shape, raw) in data.items():
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out[name] = flat.view(getattr(torch, dtype)).reshape(shape)
+    return out
+
+
+def error_from_data(data: dict[str, Any]) -> BaseException:
+    """Re-create the error :func:`error_data` described (same class, attributes and message)."""
+    import pkgutil
+
+    cls = pkgutil.resolve_name(data["type"])
+    exc = cls.__new__(cls)
+    exc.args = (data["message"],)
+    vars(exc).update(data["attrs"])
+    return exc
 
 
 def __getattr__(name: str) -> Any:

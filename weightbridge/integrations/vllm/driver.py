@@ -39,7 +39,10 @@ class VLLMWeightSync:
         timeout_s: float | None = None,
         prefix: str = "wb",
         heartbeat_s: float = 1.0,
+        on_round: Any = None,
     ) -> None:
+        """``on_round``: a picklable callable the workers' bridges call after each receive round;
+        a test hook (the conformance suite injects faults with it), sent pickled to the workers."""
         from weightbridge.bridge import load_spec
 
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
@@ -66,6 +69,11 @@ class VLLMWeightSync:
             "host": host, "port": int(port), "instance": instance, "staging": staging, "probe": probe,
             "cache_dir": cache_dir, "timeout_s": self.timeout_s, "prefix": prefix, "heartbeat_s": heartbeat_s,
         }
+        if on_round is not None:
+            import base64
+            import pickle
+
+            init_info["on_round"] = base64.b64encode(pickle.dumps(on_round)).decode()
         llm.init_weight_transfer_engine({"init_info": init_info})
 
     def staged(self) -> int | None:

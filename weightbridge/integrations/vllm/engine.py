@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from weightbridge.integrations.vllm.reload import ReloadSession
-from weightbridge.sync.errors import BridgeError, DeadlineExceeded
+from weightbridge.sync.errors import BridgeError, DeadlineExceeded, PeerFailed
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ class WeightbridgeInitInfo(WeightTransferInitInfo):
     timeout_s: float | None = None  # default: the spec's sync.timeout_s
     prefix: str = "wb"
     heartbeat_s: float = 1.0
+    # Test hook only (the conformance suite's fault injection): a pickled ``on_round`` callable,
+    # base64 text because vLLM sends init_info as msgpack. Unpickling runs code: never set it from
+    # untrusted input. None (the default) in production.
+    on_round: str | None = None
 
 
 @dataclass
@@ -98,6 +102,8 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         super().__init__(config, vllm_config, device, model)
         self.bridge: Any = None
         self.buffers: dict[str, torch.Tensor] = {}
+        self.probed: Any = None  # the RankLayout probed from vLLM's loader at init (probe="check")
+        self.last_error: BaseException | None = None  # the typed error of the last failed update
         self.session: ReloadSession | None = None
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
@@ -122,15 +128,22 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         if init_info.probe == "check":
             from weightbridge.integrations.vllm.probing import check_against_engine
 
-            check_against_engine(self, resolved, layout, cache_dir=init_info.cache_dir)
+            self.probed = check_against_engine(self, resolved, layout, cache_dir=init_info.cache_dir)
         elif init_info.probe != "off":
             raise ValueError(f"init_info.probe must be 'check' or 'off', got {init_info.probe!r}")
         staging = init_info.staging if init_info.staging is not None else resolved.sync.mode == "async"
         self.timeout_s = float(init_info.timeout_s or resolved.sync.timeout_s)
         self.buffers = empty_like_layout(layout, device=self.device)
+        on_round = None
+        if init_info.on_round:  # test hook (see WeightbridgeInitInfo.on_round)
+            import base64
+            import pickle
+
+            on_round = pickle.loads(base64.b64decode(init_info.on_round))
         self.bridge = RolloutBridge.from_spec(
             resolved, rank=layout.rank, tensors=self.buffers, host=init_info.host, port=init_info.port,
             staging=staging, prefix=init_info.prefix, timeout_s=self.timeout_s, heartbeat_s=init_info.heartbeat_s,
+            on_round=on_round,
         )
         log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers), staging)
 
@@ -168,7 +181,11 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         if self.session is None:
             raise RuntimeError(f"{self.me}: update_weights before start_weight_update")
         t0 = time.perf_counter()
-        version = self._agree_and_apply(update_info.version, float(update_info.timeout_s or self.timeout_s))
+        try:
+            version = self._agree_and_apply(update_info.version, float(update_info.timeout_s or self.timeout_s))
+        except BridgeError as exc:  # vLLM's RPC re-raises it untyped; the driver can fetch it typed
+            self.last_error = exc
+            raise
         t1 = time.perf_counter()
         if version is not None:
             with torch.no_grad():
@@ -201,19 +218,27 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         """Apply the same complete version on every worker of this engine, or none.
 
         Each round every worker polls (in place: receives here), try-holds its staged version,
-        and the workers all-reduce (-staged, staged, past-deadline) over vLLM's CPU world group:
+        and the workers all-reduce (-staged, staged, past-deadline, failed) over vLLM's CPU world group:
         they apply only when all staged the same version (>= ``want``), so TP ranks never serve
         a mix of versions. A rank never blocks while holding (see ``RolloutBridge.try_hold``).
         Every worker takes the same branch because the decision uses only all-reduced values.
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            self.bridge.poll()
-            held = self.bridge.try_hold()
+            error: BaseException | None = None
+            try:
+                self.bridge.poll()  # raises a failed receive once; the others must hear of it
+            except BridgeError as exc:
+                error = exc
+            held = error is None and self.bridge.try_hold()
             try:
                 staged = self.bridge.staged_version if held else None
                 s = -1 if staged is None else staged
-                neg_min, top, late = self._all_reduce_max([-s, s, int(time.monotonic() > deadline)])
+                neg_min, top, late, failed = self._all_reduce_max(
+                    [-s, s, int(time.monotonic() > deadline), int(error is not None)]
+                )
+                if failed:  # every worker leaves the loop together: no one is left in the all-reduce
+                    raise error or PeerFailed(self.me, "another worker of this engine", "its receive failed")
                 low = -neg_min
                 if low == top and low >= 0 and (want is None or low >= want):
                     return self.bridge.apply()
