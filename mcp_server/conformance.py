@@ -56,6 +56,11 @@ class ConformanceResult(BaseModel):
     seconds: float
     command: list[str] = Field(description="The pytest arguments that were run (after python -m pytest)")
     output_tail: str = Field(description="Last lines of pytest's output")
+    requirements: dict[str, str] = Field(
+        default_factory=dict,
+        description="weightbridge conformance requirement id -> passed / failed / error / skipped (xfail: a "
+        "declared known gap), from the junit property the conformance plugin sets; empty for other tests",
+    )
 
 
 def _test_args(config: ServerConfig, tests: list[str]) -> list[str]:
@@ -72,7 +77,18 @@ def _test_args(config: ServerConfig, tests: list[str]) -> list[str]:
     return out
 
 
-def _parse_junit(path: Path, limit: int) -> tuple[Counts, list[Failure]]:
+def _requirements(root: ET.Element) -> dict[str, str]:
+    """Outcome per conformance requirement id (the ``requirement`` property of each testcase)."""
+    out: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        req = next((p.get("value") for p in case.iter("property") if p.get("name") == "requirement"), None)
+        if req:
+            kind = next((k for k in ("failure", "error", "skipped") if case.find(k) is not None), "passed")
+            out[req] = {"failure": "failed"}.get(kind, kind)
+    return out
+
+
+def _parse_junit(path: Path, limit: int) -> tuple[Counts, list[Failure], dict[str, str]]:
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     tot = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
@@ -90,7 +106,7 @@ def _parse_junit(path: Path, limit: int) -> tuple[Counts, list[Failure]]:
                 ))
     passed = tot["tests"] - tot["failures"] - tot["errors"] - tot["skipped"]
     return Counts(tests=tot["tests"], passed=passed, failed=tot["failures"], errors=tot["errors"],
-                  skipped=tot["skipped"]), failures
+                  skipped=tot["skipped"]), failures, _requirements(root)
 
 
 def _progress(path: Path) -> tuple[int | None, int, str]:
@@ -160,7 +176,7 @@ def register(server: MCPServer, config: ServerConfig) -> None:
                 text = "\n".join((fin.stderr + fin.stdout).strip().splitlines()[-15:])
                 argument = next((a for flag, a in (("'-k'", "keyword"), ("'-m'", "markers")) if flag in text), "tests")
                 raise fail(argument, f"pytest exited {fin.returncode} ({USAGE_EXITS.get(fin.returncode, 'no results')}):\n{text}")
-            counts, failures = _parse_junit(junit, max_failures)
+            counts, failures, requirements = _parse_junit(junit, max_failures)
         await ctx.report_progress(done, total, f"finished: {counts.passed} passed, {counts.failed} failed")
         return ConformanceResult(
             passed=fin.returncode == 0,
@@ -170,4 +186,5 @@ def register(server: MCPServer, config: ServerConfig) -> None:
             seconds=round(fin.seconds, 3),
             command=[a for a in argv if not a.startswith("--junitxml=")],
             output_tail="\n".join(fin.stdout.strip().splitlines()[-20:]),
+            requirements=requirements,
         )

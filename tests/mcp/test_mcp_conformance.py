@@ -163,3 +163,23 @@ def test_a_usage_error_of_pytest_names_the_argument(tmp_path: Path) -> None:
 
     text = error_text(run_session(in_process("auto", base_dir=tmp_path), body), "run_conformance")
     assert "keyword: pytest exited 4 (usage error):\nERROR: Wrong expression passed to '-k': and and" in text
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_runs_the_conformance_plugin_on_an_integration_and_reports_requirements(tmp_path: Path) -> None:
+    """The plugin (pytest11) is active in run_conformance's pytest: an out-of-tree integration's suite
+    reports its requirement ids."""
+    import shutil
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "toy_integration"
+    shutil.copytree(example, tmp_path / "toy", ignore=shutil.ignore_patterns("__pycache__"))
+
+    async def body(c: Client):
+        return await c.call_tool("run_conformance", {
+            "tests": ["toy"], "keyword": "validates_and_resolves or covers_every or rollout_loader", "timeout_s": 300})
+
+    res = ok(run_session(in_process("auto", base_dir=tmp_path), body))
+    assert res["passed"] is True, res["output_tail"]
+    assert res["requirements"] == {
+        "spec.resolve.clean": "passed", "layout.cover.exact": "passed", "layout.rollout.probe-agrees": "passed"}
