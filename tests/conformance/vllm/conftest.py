@@ -14,11 +14,12 @@ def wb_vllm_model(tmp_path_factory):
 
 @pytest.fixture
 def wb_spec(wb_vllm_model, tmp_path_factory):
-    """FSDP2 dp 2 (float32) -> vLLM TP 1, one instance (the suite writes each run's sync section)."""
+    """FSDP2 dp 2 (float32) -> 2 vLLM engines of TP 1 (the suite writes each run's sync section)."""
     from weightbridge.integrations.vllm.selfcheck import spec_text
 
     path = tmp_path_factory.mktemp("vllm-spec") / "weightbridge.yaml"
-    path.write_text(spec_text("qwen2", wb_vllm_model, tp=1, mode="sync"))
+    text = spec_text("qwen2", wb_vllm_model, tp=1, mode="sync")
+    path.write_text(text.replace("rollout:\n  preset: vllm\n", "rollout:\n  preset: vllm\n  instances: 2\n"))
     return path
 
 
