@@ -173,6 +173,19 @@ def load_spec(spec: str | Path | ResolvedSpec) -> ResolvedSpec:
     return resolved
 
 
+def _connect(
+    spec: str | Path | ResolvedSpec, host: str | None, port: int | None, store: Any, timeout_s: float | None, *,
+    is_master: bool,
+) -> tuple[ResolvedSpec, float, Any]:
+    """``from_spec``'s common part: the resolved spec, the deadline (argument, else the spec's) and
+    the control store (given, else opened at ``host:port``; hosted when ``is_master``)."""
+    resolved = load_spec(spec)
+    t_s = float(timeout_s if timeout_s is not None else resolved.sync.timeout_s)
+    if store is None:
+        store = _open_store(host, port, is_master=is_master, timeout_s=t_s)
+    return resolved, t_s, store
+
+
 def _open_store(host: str | None, port: int | None, *, is_master: bool, timeout_s: float) -> Any:
     if host is None or port is None:
         raise ValueError("pass host and port of the control store (trainer rank 0 hosts it), or store=")
@@ -365,10 +378,7 @@ class TrainerBridge(_Endpoint):
         corrupted update raises ``ChecksumError``: staged receivers keep the previous version,
         in-place ones report torn); every rank must pass the same value (checked at the handshake).
         """
-        resolved = load_spec(spec)
-        t_s = float(timeout_s if timeout_s is not None else resolved.sync.timeout_s)
-        if store is None:
-            store = _open_store(host, port, is_master=rank == 0, timeout_s=t_s)
+        resolved, t_s, store = _connect(spec, host, port, store, timeout_s, is_master=rank == 0)
         return cls(
             resolved,
             rank=rank,
@@ -631,10 +641,7 @@ class RolloutBridge(_Endpoint):
         serves the old version until ``apply()``); ``staging=False`` receives in place inside
         ``poll()``.
         """
-        resolved = load_spec(spec)
-        t_s = float(timeout_s if timeout_s is not None else resolved.sync.timeout_s)
-        if store is None:
-            store = _open_store(host, port, is_master=False, timeout_s=t_s)
+        resolved, t_s, store = _connect(spec, host, port, store, timeout_s, is_master=False)
         return cls(
             resolved, rank=rank, tensors=tensors, store=store, prefix=prefix, timeout_s=t_s,
             heartbeat_s=heartbeat_s, round_bytes=round_bytes, receiver_dedup=receiver_dedup,

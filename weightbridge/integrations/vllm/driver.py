@@ -78,16 +78,8 @@ class VLLMWeightSync:
 
     def staged(self) -> int | None:
         """The newest version every worker of this instance has complete (from their acks), or None."""
-        from weightbridge.sync.messages import Ack, Keys, decode
-
-        keys = Keys(self.prefix)
-        versions = []
-        for r in self.rollout_ranks:
-            key = keys.ack("staged", r)
-            if not self._store.check([key]):
-                return None
-            versions.append(decode(self._store.get(key), Ack).version)
-        return min(versions)
+        versions = self._acked("staged")
+        return None if versions is None else min(versions)
 
     def update(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
         """Apply ``version`` (wait for it, up to ``timeout_s``) or, with None, the newest complete one.
@@ -112,20 +104,23 @@ class VLLMWeightSync:
         return applied if (version is not None or applied != previous) else None
 
     def _applied(self) -> int | None:
+        versions = self._acked("applied")
+        if versions is None:
+            return None
+        if len(set(versions)) != 1:
+            raise RuntimeError(
+                f"rollout instance {self.instance}: workers report different versions {sorted(set(versions))}"
+            )
+        return versions[0]
+
+    def _acked(self, stage: str) -> list[int] | None:
+        """The version each worker of this instance last acked at ``stage``; None if one never did."""
         from weightbridge.sync.messages import Ack, Keys, decode
 
-        keys = Keys(self.prefix)
-        versions = set()
-        for r in self.rollout_ranks:
-            key = keys.ack("applied", r)
-            if not self._store.check([key]):
-                return None
-            versions.add(decode(self._store.get(key), Ack).version)
-        if len(versions) != 1:
-            raise RuntimeError(
-                f"rollout instance {self.instance}: workers report different versions {sorted(versions)}"
-            )
-        return versions.pop()
+        keys = [Keys(self.prefix).ack(stage, r) for r in self.rollout_ranks]
+        if not self._store.check(keys):
+            return None
+        return [decode(self._store.get(k), Ack).version for k in keys]
 
 
 def _client_store(host: str, port: int, timeout_s: float) -> Any:
