@@ -25,7 +25,7 @@ def _save_real_model(name: str, out: Path, max_shard_size: str | None) -> None:
     # as from_pretrained does (some transformers versions skip it in from_config)
     strict = getattr(model, "_keep_in_fp32_modules_strict", None) or ()
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if any(k in name.split(".") for k in strict):
+        if any(f".{k}." in f".{name}." for k in strict):
             t.data = t.data.float()
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from mcp import Client
+
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+
+from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import MODES, error_text, in_process, ok, run_session
 
 SUITE = '''

@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
+
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+
+from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import ROOT, over_stdio, run_session
 
 GUIDE = ROOT / "integration_guides" / "mcp.md"

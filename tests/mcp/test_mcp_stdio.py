@@ -6,7 +6,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from mcp import Client
+
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+
+from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import ALL_TOOLS, MODES, TINY, error_text, ok, over_stdio, run_session
 
 from mcp_server.server import main, parse_args

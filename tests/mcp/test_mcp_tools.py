@@ -8,7 +8,10 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from mcp import Client
+
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+
+from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import ALL_TOOLS, FIVE_MISTAKES, MODES, ROOT, TINY, error_text, in_process, ok, run_session
 
 from weightbridge.cli.main import main as cli

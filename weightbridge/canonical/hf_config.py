@@ -36,7 +36,7 @@ from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
 
-CACHE_FORMAT = 2  # 2: forced-fp32 modules applied explicitly
+CACHE_FORMAT = 3  # 3: forced-fp32 modules applied explicitly (dotted names too)
 _DROPPED_KEYS = ("quantization_config",)
 
 
@@ -191,14 +191,15 @@ def _instantiate(prepared: dict[str, Any], dtype: str, version: str) -> list[Can
 def _forced_fp32(model: Any, dtype: str) -> Any:
     """Which names transformers keeps in float32 at this dtype: ``_keep_in_fp32_modules_strict``
     (bf16 and fp16), ``_keep_in_fp32_modules`` (fp16 only), matched per name component as
-    ``from_pretrained`` does. Some transformers versions also apply this at construction; others
+    ``from_pretrained`` does (whole dotted components). Some transformers versions also apply this at construction; others
     only when loading, so it is applied here explicitly and the result does not depend on which."""
     keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
     if dtype == "float16":
         keep += list(getattr(model, "_keep_in_fp32_modules", None) or ())
     if dtype not in ("float16", "bfloat16") or not keep:
         return lambda name: False
-    return lambda name: any(k in name.split(".") for k in keep)
+    # a module name ("e_score_correction_bias") or a dotted path ("gate.weight"), matched on whole components
+    return lambda name: any(f".{k}." in f".{name}." for k in keep)
 
 
 def _model_class(transformers: Any, prepared: dict[str, Any]) -> Any:
