@@ -2,31 +2,31 @@
 ``integrate_framework`` prompt.
 
 Files are read when a client reads the resource, so edits show without a restart; the set of
-files is taken when the server starts. Example specs and guides come from the source checkout
-this package runs from (an installed wheel has the schema and model list only).
+files is taken when the server starts. Example specs and guides are the files that ship with
+weightbridge (:mod:`weightbridge.shipped`): the source checkout's, or the installed wheel's copy,
+so both list the same resources under the same names.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resources import FileResource, FunctionResource
 
-import weightbridge
+from weightbridge import shipped
 from weightbridge.canonical import bundled_names
 from weightbridge.spec.schema import SCHEMA_FILENAME, schema_text
 
-REPO = Path(weightbridge.__file__).resolve().parents[1]
 SCHEMA_URI = "weightbridge://spec/schema/" + SCHEMA_FILENAME
 MODELS_URI = "weightbridge://models/bundled"
 
 
 def _files(server: MCPServer, pattern: str, mime: str, what: str) -> None:
-    """One resource per file, named by its path in the repository: weightbridge://spec/examples/x.yaml."""
-    for path in sorted(REPO.glob(pattern)):
-        rel = path.relative_to(REPO).as_posix()
+    """One resource per shipped file, named by its path in the repository: weightbridge://spec/examples/x.yaml."""
+    root = shipped.root()
+    for path in sorted(root.glob(pattern)):
+        rel = path.relative_to(root).as_posix()
         server.add_resource(FileResource(uri=f"weightbridge://{rel}", name=rel, path=path, mime_type=mime, encoding="utf-8",
                                          description=f"{what}: {rel}"))
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-_COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models", "demo", "probe", "diff")
+_COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models", "demo", "probe", "diff", "examples", "docs")
 
 
 def build_parser() -> argparse.ArgumentParser:

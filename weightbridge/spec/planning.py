@@ -18,7 +18,7 @@ from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
 from weightbridge.spec.errors import SpecErrors, SpecProblem
 from weightbridge.spec.resolve import ResolvedSpec
 
-NETWORK_HINT = "see docs/planner.md, section 3"
+NETWORK_HINT = "see `weightbridge docs planner`, section 3"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The JSON Schema of spec v1, generated from :mod:`weightbridge.spec.models`.
 
-Committed as ``spec/schema/weightbridge.v1.schema.json``; ``weightbridge schema
+Committed as ``spec/schema/weightbridge.v1.schema.json`` (shipped in the wheel, see
+:mod:`weightbridge.shipped`); ``weightbridge schema
 --check`` fails when the committed file drifts from the models. Definitions live
 under ``definitions`` (not ``$defs``) and no tuple keywords are used, so draft-07
 editors read it too.
@@ -38,5 +39,7 @@ def schema_text() -> str:
 
 
 def default_schema_path() -> Path:
-    """``spec/schema/<file>`` of the source checkout this package was imported from."""
-    return Path(__file__).resolve().parents[2] / "spec" / "schema" / SCHEMA_FILENAME
+    """``spec/schema/<file>`` as shipped: in the source checkout, or the wheel's read-only copy."""
+    from weightbridge import shipped
+
+    return shipped.root() / "spec" / "schema" / SCHEMA_FILENAME

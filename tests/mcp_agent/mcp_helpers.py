@@ -1,4 +1,4 @@
-"""Shared by tests/mcp: drive the weightbridge MCP server with the SDK's real Client."""
+"""Shared by tests/mcp_agent: drive the weightbridge MCP server with the SDK's real Client."""
 
 from __future__ import annotations
 

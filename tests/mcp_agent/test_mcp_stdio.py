@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+from weightbridge.testing.optional import require
+
+require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 
 from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import ALL_TOOLS, MODES, TINY, error_text, ok, over_stdio, run_session

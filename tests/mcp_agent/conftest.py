@@ -1,4 +1,4 @@
-"""tests/mcp needs the `mcp` extra: without it each module skips, saying so (``importorskip`` at its
+"""tests/mcp_agent needs the `mcp` extra: without it each module skips, saying so (``importorskip`` at its
 top: a conftest may not skip), unless ``WEIGHTBRIDGE_REQUIRE_MCP=1`` (CI) makes its absence a failure."""
 
 import importlib.util

@@ -9,7 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-pytest.importorskip("mcp.server.mcpserver", reason="the MCP server needs the `mcp` extra: pip install 'weightbridge-rl[mcp]'")
+from weightbridge.testing.optional import require
+
+require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 
 from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import MODES, error_text, in_process, ok, run_session
