@@ -50,7 +50,7 @@ def worker(cfg: dict) -> dict:
     from weightbridge.plan import build_plan
     from weightbridge.spec.resolve import check_text
     from weightbridge.transport import Executor, create_bridge_group, open_store
-    from weightbridge.transport.localrun import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
+    from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
 
     r, problems = check_text(cfg["spec"])
     assert r is not None, problems
@@ -112,7 +112,7 @@ def run_check(name: str, spec: str, backend: str, gpus: list[int], args) -> dict
     from weightbridge.plan import build_plan
     from weightbridge.spec.resolve import check_text
     from weightbridge.transport import open_store
-    from weightbridge.transport.localrun import launch
+    from weightbridge.testing.localrun import launch
 
     r, problems = check_text(spec)
     if r is None:

@@ -39,15 +39,17 @@ from weightbridge.layout.box import box_shape
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import Executor, create_bridge_group, open_store
-from weightbridge.transport.localrun import (
+from weightbridge.tensors import (
     canonical_tensors,
     diff_tensors,
     empty_like_layout,
-    launch,
     materialize,
     needed_names,
+    read_canonical,
+    torch_dtype,
+    write_canonical,
 )
-from weightbridge.transport.pack import read_canonical, torch_dtype, write_canonical
+from weightbridge.testing.localrun import launch
 
 FILL = 3.0
 

@@ -45,9 +45,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from weightbridge.integrations.vllm import selfcheck as sc
+    from weightbridge.bridge import BridgeOptions
+    from weightbridge.testing import vllm_selfcheck as sc
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.transport.localrun import launch
+    from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 
     heads = args.hidden // 64
@@ -70,7 +71,7 @@ def main() -> int:
     t0 = time.perf_counter()
     llm = sc.make_llm(model_dir, args.tp)
     say(f"engine up in {time.perf_counter() - t0:.1f}s")
-    sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, prefix="wb-bench")
+    sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-bench"))
     rows = []
     for v in range(1, args.versions + 1):
         master.set(f"bench/go/{v}", b"1")

@@ -63,8 +63,9 @@ Work through these steps in order; each names the weightbridge MCP tool to use.
 4. Layouts: `explain_tensor` on a few ranks of each side (fused qkv / gate_up, experts, the
    padded vocabulary) and compare with the tensors your code actually holds.
 5. Ground truth: `probe_layout` with a factory that builds one rank of your engine
-   (MODULE:FACTORY). `matches_spec` must be true; otherwise add `rules:` to the spec for the
-   tensors listed in `differences` and go back to step 3.
+   (MODULE:CALLABLE, called as CALLABLE(resolved_spec, side, rank)). `matches_spec` must be
+   true; otherwise add `rules:` to the spec for the tensors listed in `differences` and go
+   back to step 3.
 6. Plan: `plan_transfer`; check `valid`, `sender_balance` against `sender_balance_bound` and
    `top_imbalances`, and `predicted_seconds` against `baseline_seconds`.
 7. Wire it: on every trainer rank `TrainerBridge.from_spec(...).push(version)`; on every rollout

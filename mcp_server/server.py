@@ -1,10 +1,12 @@
 """Build the weightbridge MCP server and run it over stdio (console script ``weightbridge-mcp``).
 
-``weightbridge-mcp [--root DIR]... [--read-only] [--cwd DIR] [--max-timeout S]``
+``weightbridge-mcp [--root DIR]... [--read-only] [--cwd DIR] [--max-timeout S] [--call-timeout S] [--worker-memory MB]``
 
 Tools (each a thin layer over the function the CLI calls): inspect_model, generate_spec,
 validate_spec, plan_transfer, explain_tensor, probe_layout, run_conformance. ``--read-only``
 hides the tools that run code (probe_layout, run_conformance) and generate_spec's write_to.
+Every path a tool reads or writes must lie inside a ``--root``; the work of each call runs in a
+worker process that is killed after ``--call-timeout`` seconds or when the client cancels.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from mcp.server.mcpserver import MCPServer
 
-from mcp_server import conformance, resources, tools_model, tools_plan, tools_probe, tools_spec
+from mcp_server import conformance, resources, tools_model, tools_plan, tools_probe, tools_spec, worker
 from mcp_server.roots import ServerConfig
 from mcp_server.strict_args import reject_unknown_arguments
 
@@ -24,8 +26,8 @@ INSTRUCTIONS = """\
 weightbridge moves updated model weights from RL trainers (Megatron-Core, FSDP2) to rollout engines
 (vLLM, SGLang). A YAML spec says which model and how each side lays it out. Typical order:
 inspect_model -> generate_spec -> validate_spec -> explain_tensor / probe_layout -> plan_transfer ->
-run_conformance. Spec paths are relative to the server's working directory; files are written only
-inside its allowed roots. The prompt integrate_framework has the full checklist."""
+run_conformance. Spec paths are relative to the server's working directory; files are read and
+written only inside its allowed roots. The prompt integrate_framework has the full checklist."""
 
 TOOLS_RUNNING_CODE = ("probe_layout", "run_conformance")
 
@@ -50,6 +52,7 @@ def build_server(config: ServerConfig | None = None) -> MCPServer:
         conformance.register(server, config)
     resources.register(server)
     server.middleware.append(reject_unknown_arguments(server))
+    worker.ZYGOTE.start()  # the tools' worker processes fork from it; it imports while the client connects
     return server
 
 
@@ -60,12 +63,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--read-only", action="store_true", help="hide tools that write files or run code")
     p.add_argument("--cwd", default=None, metavar="DIR", help="directory relative paths resolve against (default: .)")
     p.add_argument("--max-timeout", type=int, default=1800, metavar="S", help="upper bound of any timeout_s argument")
+    p.add_argument("--call-timeout", type=float, default=120.0, metavar="S",
+                   help="wall-clock limit of one call's worker process (spec, plan, explain, inspect); default 120")
+    p.add_argument("--worker-memory", type=int, default=4096, metavar="MB", help="address-space limit of a worker process")
     args = p.parse_args(argv)
+    for name, value in (("--max-timeout", args.max_timeout), ("--call-timeout", args.call_timeout),
+                        ("--worker-memory", args.worker_memory)):
+        if not value > 0:
+            p.error(f"{name}: must be positive, got {value}")
     for d in [*args.root, *([args.cwd] if args.cwd else [])]:
         if not os.path.isdir(d):
             p.error(f"{d}: not a directory")
     return ServerConfig(base_dir=args.cwd or os.getcwd(), roots=tuple(args.root), read_only=args.read_only,
-                        max_timeout_s=args.max_timeout)
+                        max_timeout_s=args.max_timeout, call_timeout_s=args.call_timeout,
+                        worker_memory_mb=args.worker_memory)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 
+from mcp_server.roots import clip, excerpt
+
 
 def reject_unknown_arguments(server: MCPServer) -> Any:
     """A ServerMiddleware for ``server`` (append it to ``server.middleware``)."""
@@ -31,10 +33,13 @@ def reject_unknown_arguments(server: MCPServer) -> Any:
         if not unknown:
             return await call_next(ctx)
         lines = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, allowed, n=1)
-            lines.append(f"{name}: unknown argument" + (f"; did you mean {close[0]!r}?" if close else "")
+        for name in unknown[:10]:
+            close = difflib.get_close_matches(name, allowed, n=1) if len(name) <= 100 else []
+            shown = name if len(name) <= 100 else excerpt(name, 60)
+            lines.append(f"{shown}: unknown argument" + (f"; did you mean {close[0]!r}?" if close else "")
                          + f" (arguments: {', '.join(allowed)})")
-        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], is_error=True)
+        if len(unknown) > 10:
+            lines.append(f"... and {len(unknown) - 10} more unknown arguments")
+        return CallToolResult(content=[TextContent(type="text", text=clip("\n".join(lines)))], is_error=True)
 
     return middleware

@@ -6,10 +6,10 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
-from mcp_server.roots import ServerConfig, fail
+from mcp_server import specs, worker
+from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, excerpt, fail
 from weightbridge.canonical import CanonicalSourceError, bundled_names, load_canonical
 from weightbridge.canonical.describe import summarize
-from weightbridge.cli.models_cmd import source_for
 from weightbridge.spec.models import DTYPE_NAMES
 
 
@@ -45,21 +45,34 @@ class ModelSummary(BaseModel):
     totals: Totals
 
 
+def inspect(config: ServerConfig, model: str, dtype: str | None) -> ModelSummary:
+    """inspect_model's work (in a worker process: a big config can take long)."""
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise fail("dtype", f"unknown dtype {excerpt(dtype)} (one of {', '.join(DTYPE_NAMES)})")
+    source = specs.model_source(config, model, dtype)
+    try:
+        summary = summarize(load_canonical(source, config.base_dir))
+    except CanonicalSourceError as exc:
+        hint = f" ({exc.hint})" if exc.hint else ""
+        raise fail("model", f"{exc.message}{hint}") from None
+    return ModelSummary(model=source, **summary)
+
+
 def register(server: MCPServer, config: ServerConfig) -> None:
     names = bundled_names()
 
     @server.tool(title="Inspect a model's canonical tensors")
-    def inspect_model(
+    async def inspect_model(
         model: Annotated[
             str,
             Field(
-                min_length=1,
+                min_length=1, max_length=MAX_PATH_CHARS,
                 description="A bundled model name (" + ", ".join(names) + "), a HF config.json (or its directory), "
-                "or a safetensors checkpoint (file, index or directory; headers only).",
+                "or a safetensors checkpoint (file, index or directory; headers only), inside the server's roots.",
             ),
         ],
         dtype: Annotated[
-            str | None, Field(description="Floating dtype to assume instead of the checkpoint's (e.g. bfloat16).")
+            str | None, Field(max_length=64, description="Floating dtype to assume instead of the checkpoint's (e.g. bfloat16).")
         ] = None,
     ) -> ModelSummary:
         """The canonical tensors of a model (names, shapes, dtypes, byte totals), grouped by layer pattern.
@@ -67,13 +80,4 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         Canonical = what HF `save_pretrained` writes: per-expert names, full unsharded shapes.
         The result's `model` is the mapping to put under `model:` in a spec.
         """
-        if dtype is not None and dtype not in DTYPE_NAMES:
-            raise fail("dtype", f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_NAMES)})")
-        local = config.resolve(model)
-        source = source_for(str(local) if local.exists() else model, dtype)
-        try:
-            summary = summarize(load_canonical(source, config.base_dir))
-        except CanonicalSourceError as exc:
-            hint = f" ({exc.hint})" if exc.hint else ""
-            raise fail("model", f"{exc.message}{hint}") from None
-        return ModelSummary(model=source, **summary)
+        return await worker.call(config, inspect, ModelSummary, argument="model", model=model, dtype=dtype)

@@ -7,14 +7,16 @@ from typing import Annotated, Literal
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, ConfigDict, Field
 
-from mcp_server import specs
-from mcp_server.roots import ServerConfig, fail
+from mcp_server import specs, worker
+from mcp_server.roots import ServerConfig, excerpt, fail
 from weightbridge.layout.explain import explain_json, select_tensors
 from weightbridge.spec.errors import SpecErrors
+from weightbridge.spec import models as spec_models
 from weightbridge.spec.models import BYTES_PATTERN, parse_bytes
-from weightbridge.spec.planning import plan_spec, top_imbalances
+from weightbridge.ops.planning import plan_spec, top_imbalances
 
 MAX_EXPLAINED = 200
+MIN_ROUND_BYTES: int = getattr(spec_models, "MIN_ROUND_BYTES", 1)
 
 
 class PlanMetrics(BaseModel):
@@ -90,44 +92,73 @@ class Explanation(BaseModel):
     tensors: list[LocalTensor]
 
 
+def plan(config: ServerConfig, spec_path: str | None, spec_text: str | None, network: str | None,
+         round_bytes: int | str | None, receiver_dedup: str | None, imbalances: int) -> PlanResult:
+    """plan_transfer's work (in a worker process)."""
+    cap = parse_bytes(round_bytes) if round_bytes is not None else None
+    if cap is not None and cap < MIN_ROUND_BYTES:
+        raise fail("round_bytes", f"{cap} is below the minimum of {MIN_ROUND_BYTES} bytes (e.g. 64MiB)")
+    resolved = specs.resolve(config, spec_path, spec_text)
+    try:
+        report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup, round_bytes=cap)
+    except SpecErrors as exc:
+        raise fail(exc.problems[0].path, "\n".join(str(p) for p in exc.problems)) from None
+    return PlanResult(**report.metrics, valid=not report.problems,
+                      top_imbalances=top_imbalances(report.plan, imbalances))
+
+
+def explain(config: ServerConfig, side: str, rank: int, tensor: str, spec_path: str | None,
+            spec_text: str | None) -> Explanation:
+    """explain_tensor's work (in a worker process)."""
+    resolved = specs.resolve(config, spec_path, spec_text)
+    layout = specs.rank_layout(resolved, side, rank)
+    tensors = select_tensors(layout, tensor)
+    if not tensors:
+        names = [t.name for t in layout.tensors]
+        close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; it holds e.g. {', '.join(names[:3])}"
+        raise fail("tensor", f"no local tensor of {side} rank {rank} matches {excerpt(tensor)}{hint}")
+    if len(tensors) > MAX_EXPLAINED:
+        raise fail("tensor", f"{excerpt(tensor)} matches {len(tensors)} local tensors of {side} rank {rank}; "
+                   f"narrow the glob (at most {MAX_EXPLAINED})")
+    return Explanation.model_validate(explain_json(layout, tensors))
+
+
 def register(server: MCPServer, config: ServerConfig) -> None:
     @server.tool(title="Plan a weight transfer")
-    def plan_transfer(
+    async def plan_transfer(
         spec_path: specs.SpecPath = None,
         spec_text: specs.SpecText = None,
         network: Annotated[
             Literal["h100", "h200", "cpu-gloo"] | None, Field(description="Override the spec's network preset.")
         ] = None,
         round_bytes: Annotated[
-            Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=BYTES_PATTERN)] | None,
+            Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=BYTES_PATTERN, max_length=64)] | None,
             Field(description="Override sync.round_bytes: bytes or a size such as 256MiB."),
         ] = None,
         receiver_dedup: Annotated[
-            Literal["auto", "on", "off"], Field(description="Rollout instances complete shards among themselves.")
-        ] = "auto",
+            Literal["auto", "on", "off"] | None,
+            Field(description="Override sync.receiver_dedup: rollout instances complete shards among themselves."),
+        ] = None,
         imbalances: Annotated[int, Field(ge=0, le=50, description="How many top imbalances to list.")] = 5,
     ) -> PlanResult:
         """Dry-run the transfer plan of a spec: rounds, bytes per sender/receiver, balance, predicted time.
 
         Same fields as `weightbridge plan --json` (plus `valid` and `top_imbalances`). No process
-        group, no GPU. Give exactly one of spec_path or spec_text.
+        group, no GPU; runs in a worker process killed at the server's call limit or on cancellation.
+        Give exactly one of spec_path or spec_text.
         """
-        resolved = specs.resolve(config, spec_path, spec_text)
-        try:
-            report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup,
-                               round_bytes=parse_bytes(round_bytes) if round_bytes is not None else None)
-        except SpecErrors as exc:
-            raise fail(exc.problems[0].path, "\n".join(str(p) for p in exc.problems)) from None
-        return PlanResult(**report.metrics, valid=not report.problems,
-                          top_imbalances=top_imbalances(report.plan, imbalances))
+        return await worker.call(config, plan, PlanResult, argument="spec_text" if spec_text is not None else "spec_path",
+                                 spec_path=spec_path, spec_text=spec_text, network=network, round_bytes=round_bytes,
+                                 receiver_dedup=receiver_dedup, imbalances=imbalances)
 
     @server.tool(title="Explain a rank's local tensor")
-    def explain_tensor(
+    async def explain_tensor(
         side: specs.Side,
         rank: specs.Rank,
         tensor: Annotated[
             str,
-            Field(min_length=1, description="Glob over local tensor names or their canonical source names, "
+            Field(min_length=1, max_length=1000, description="Glob over local tensor names or their canonical source names, "
                   "e.g. model.layers.0.self_attn.qkv_proj.weight or *.0.mlp.*"),
         ],
         spec_path: specs.SpecPath = None,
@@ -138,15 +169,5 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         Each piece says: these canonical elements (canonical_box of the canonical tensor) sit in
         local_box of the local tensor. At most 200 tensors per call; narrow the glob for more.
         """
-        resolved = specs.resolve(config, spec_path, spec_text)
-        layout = specs.rank_layout(resolved, side, rank)
-        tensors = select_tensors(layout, tensor)
-        if not tensors:
-            names = [t.name for t in layout.tensors]
-            close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; it holds e.g. {', '.join(names[:3])}"
-            raise fail("tensor", f"no local tensor of {side} rank {rank} matches {tensor!r}{hint}")
-        if len(tensors) > MAX_EXPLAINED:
-            raise fail("tensor", f"{tensor!r} matches {len(tensors)} local tensors of {side} rank {rank}; "
-                       f"narrow the glob (at most {MAX_EXPLAINED})")
-        return Explanation.model_validate(explain_json(layout, tensors))
+        return await worker.call(config, explain, Explanation, argument="spec_text" if spec_text is not None else "spec_path",
+                                 side=side, rank=rank, tensor=tensor, spec_path=spec_path, spec_text=spec_text)

@@ -1,6 +1,7 @@
 """Tools ``generate_spec`` (draft a spec from a description) and ``validate_spec`` (``weightbridge validate --json``)."""
 
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -8,11 +9,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, ConfigDict, Field
 
-from mcp_server import specs
-from mcp_server.roots import ServerConfig, fail, write_text_atomic
+from mcp_server import specs, worker
+from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, clip, excerpt, fail, write_text_atomic
 from weightbridge.canonical import bundled_names
-from weightbridge.cli.models_cmd import source_for
-from weightbridge.spec.draft import draft_spec
+from weightbridge.ops.draft import draft_spec
 from weightbridge.spec.models import BYTES_PATTERN
 from weightbridge.spec.resolve import check_text
 
@@ -77,55 +77,94 @@ def _summary(resolved: Any) -> str:
             f"rollout {r.num_instances} x {per} ranks; spec hash {resolved.spec_hash}")
 
 
+def _relative_model(source: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``source`` with its config / safetensors path relative to ``base`` (the spec file's directory)."""
+    out = dict(source)
+    for key in ("config", "safetensors"):
+        if key in out:
+            out[key] = Path(os.path.relpath(out[key], base)).as_posix()
+    return out
+
+
+def generate(config: ServerConfig, model: str, trainer: dict[str, Any], rollout: dict[str, Any], mode: str | None,
+             round_bytes: str | None, transport: str | None = None, network: str | None = None,
+             write_to: str | None = None, overwrite: bool = False) -> GeneratedSpec:
+    """generate_spec's work (in a worker process)."""
+    side_t, side_r = TrainerSide.model_validate(trainer), RolloutSide.model_validate(rollout)
+    target: Path | None = config.writable(write_to, "write_to", overwrite=overwrite) if write_to else None
+    source = specs.model_source(config, model)
+    if "bundled" in source and model not in bundled_names():
+        raise fail("model", f"{excerpt(model)} is neither a file nor a bundled model ({', '.join(bundled_names())})")
+    base = target.parent if target else config.base_dir
+    draft = draft_spec(_relative_model(source, base), trainer_preset=side_t.framework, trainer_mesh=side_t.mesh,
+                       rollout_preset=side_r.engine, rollout_mesh=side_r.mesh, rollout_instances=side_r.instances,
+                       mode=mode, round_bytes=round_bytes, transport=transport, network=network)
+    resolved, problems = check_text(draft.text, str(target or "<draft>"), base_dir=base)
+    if problems or resolved is None:
+        raise ToolError(clip("\n".join(
+            f"{_argument(p.path)}: {p.message}" + (f" ({p.hint})" if p.hint else "") + f" [spec path {p.path}]"
+            for p in problems
+        )))
+    if target is not None:
+        write_text_atomic(target, draft.text, "write_to")
+    return GeneratedSpec(yaml=draft.text, assumed=draft.assumptions, summary=_summary(resolved),
+                         written_to=str(target) if target else None)
+
+
+def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None) -> ValidationReport:
+    """validate_spec's work (in a worker process)."""
+    resolved, problems = specs.check(config, spec_path, spec_text)
+    return ValidationReport(
+        spec=spec_path if spec_path is not None else "<spec_text>",
+        valid=not problems,
+        problems=specs.problems_out(problems),
+        summary=_summary(resolved) if resolved is not None and not problems else None,
+    )
+
+
 def register(server: MCPServer, config: ServerConfig) -> None:
     _register_generate(server, config)
     _register_validate(server, config)
 
 
 def _register_generate(server: MCPServer, config: ServerConfig) -> None:
-    def generate(model: str, trainer: TrainerSide, rollout: RolloutSide, mode: str | None,
-                 round_bytes: str | None, write_to: str | None = None, overwrite: bool = False) -> GeneratedSpec:
-        target: Path | None = config.writable(write_to, "write_to", overwrite=overwrite) if write_to else None
-        local = config.resolve(model)
-        source = source_for(str(local) if local.exists() else model)
-        if "bundled" in source and model not in bundled_names():
-            raise fail("model", f"{model!r} is neither a file nor a bundled model ({', '.join(bundled_names())})")
-        draft = draft_spec(source, trainer_preset=trainer.framework, trainer_mesh=trainer.mesh,
-                           rollout_preset=rollout.engine, rollout_mesh=rollout.mesh,
-                           rollout_instances=rollout.instances, mode=mode, round_bytes=round_bytes)
-        base = target.parent if target else config.base_dir
-        resolved, problems = check_text(draft.text, str(target or "<draft>"), base_dir=base)
-        if problems or resolved is None:
-            raise ToolError("\n".join(
-                f"{_argument(p.path)}: {p.message}" + (f" ({p.hint})" if p.hint else "") + f" [spec path {p.path}]"
-                for p in problems
-            ))
-        if target is not None:
-            write_text_atomic(target, draft.text)
-        return GeneratedSpec(yaml=draft.text, assumed=draft.assumptions, summary=_summary(resolved),
-                             written_to=str(target) if target else None)
+    async def run(**kwargs: Any) -> GeneratedSpec:
+        kwargs["trainer"], kwargs["rollout"] = kwargs["trainer"].model_dump(), kwargs["rollout"].model_dump()
+        return await worker.call(config, generate, GeneratedSpec, argument="model", **kwargs)
 
-    ModelArg = Annotated[str, Field(min_length=1, description="Bundled model name, HF config.json, or safetensors path.")]
+    ModelArg = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS,
+                                    description="Bundled model name, or a HF config.json or safetensors path inside the "
+                                    "server's roots (written relative to the spec's directory).")]
     ModeArg = Annotated[Literal["sync", "async", "colocated"] | None, Field(description="Update mode (default sync).")]
-    RoundArg = Annotated[str | None, Field(pattern=BYTES_PATTERN,
+    RoundArg = Annotated[str | None, Field(pattern=BYTES_PATTERN, max_length=64,
                                            description="Per-rank wire cap per round, e.g. 256MiB (default 1GiB).")]
+    TransportArg = Annotated[Literal["auto", "nccl", "gloo"] | None, Field(
+        description="sync.transport (default auto: NCCL for CUDA tensors, else Gloo); gloo (CPU) also makes the "
+        "default network cpu-gloo.")]
+    NetworkArg = Annotated[Literal["h100", "h200", "cpu-gloo"] | None, Field(
+        description="Network preset of the plan's cost model (default: cpu-gloo for transport gloo, else h100).")]
     doc = ("Draft a weightbridge spec from a short description and check it like `weightbridge validate`.\n\n"
            "Returns the YAML and the defaults it assumed. A mesh that does not fit the model is an error naming "
            "the argument and the spec path (rollout.mesh.tp ... [spec path $.rollout.mesh.tp]).")
     if config.read_only:  # no write_to at all
-        def generate_spec(model: ModelArg, trainer: TrainerSide, rollout: RolloutSide,
-                          mode: ModeArg = None, round_bytes: RoundArg = None) -> GeneratedSpec:
-            return generate(model, trainer, rollout, mode, round_bytes)
+        async def generate_spec(model: ModelArg, trainer: TrainerSide, rollout: RolloutSide, mode: ModeArg = None,
+                                round_bytes: RoundArg = None, transport: TransportArg = None,
+                                network: NetworkArg = None) -> GeneratedSpec:
+            return await run(model=model, trainer=trainer, rollout=rollout, mode=mode, round_bytes=round_bytes,
+                             transport=transport, network=network)
 
         server.add_tool(generate_spec, title="Draft a spec", description=doc)
         return
 
-    def generate_spec(  # the variant that can write
+    async def generate_spec(  # the variant that can write
         model: ModelArg, trainer: TrainerSide, rollout: RolloutSide, mode: ModeArg = None, round_bytes: RoundArg = None,
-        write_to: Annotated[str | None, Field(description="Also write the spec to this file (inside the server's roots).")] = None,
+        transport: TransportArg = None, network: NetworkArg = None,
+        write_to: Annotated[str | None, Field(max_length=MAX_PATH_CHARS,
+                                              description="Also write the spec to this file (inside the server's roots).")] = None,
         overwrite: Annotated[bool, Field(description="Replace write_to if it exists.")] = False,
     ) -> GeneratedSpec:
-        return generate(model, trainer, rollout, mode, round_bytes, write_to, overwrite)
+        return await run(model=model, trainer=trainer, rollout=rollout, mode=mode, round_bytes=round_bytes,
+                         transport=transport, network=network, write_to=write_to, overwrite=overwrite)
 
     server.add_tool(generate_spec, title="Draft a spec",
                     description=doc + " With write_to, the spec is also written there (only inside the allowed roots).")
@@ -133,16 +172,12 @@ def _register_generate(server: MCPServer, config: ServerConfig) -> None:
 
 def _register_validate(server: MCPServer, config: ServerConfig) -> None:
     @server.tool(title="Validate a spec")
-    def validate_spec(spec_path: specs.SpecPath = None, spec_text: specs.SpecText = None) -> ValidationReport:
+    async def validate_spec(spec_path: specs.SpecPath = None, spec_text: specs.SpecText = None) -> ValidationReport:
         """Check a spec (schema, model, mesh divisibility, coverage) and list every problem with its JSON path and line.
 
         Give exactly one of spec_path or spec_text. An invalid spec is a normal result (valid=false),
         not an error; an unreadable file is an error.
         """
-        resolved, problems = specs.check(config, spec_path, spec_text)
-        return ValidationReport(
-            spec=spec_path if spec_path is not None else "<spec_text>",
-            valid=not problems,
-            problems=specs.problems_out(problems),
-            summary=_summary(resolved) if resolved is not None and not problems else None,
-        )
+        return await worker.call(config, validate, ValidationReport,
+                                 argument="spec_text" if spec_text is not None else "spec_path",
+                                 spec_path=spec_path, spec_text=spec_text)

@@ -2,17 +2,23 @@
 
 The pure core (``weightbridge.spec``, ``weightbridge.layout``, ``weightbridge.plan``)
 imports no ``torch`` and runs without a process group. Names below are imported
-lazily, so ``import weightbridge`` stays cheap.
+lazily, so ``import weightbridge`` stays cheap (and ``weightbridge.load_spec`` needs no torch).
+
+* ``load_spec(path_or_text)`` -> :class:`ResolvedSpec` (raises :class:`SpecErrors` with every problem);
+* ``TrainerBridge`` / ``RolloutBridge`` / ``ColocatedBridge``: the runtime (``weightbridge.bridge``);
+  ``BridgeOptions``: their per-process options (store key prefix, test hooks);
+* ``open_store(host, port, is_master=..., timeout_s=...)``: host the control store outside
+  trainer rank 0, so ranks may stop in any order (bridges then get ``store=`` or ``host``/``port``).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from weightbridge._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "load_spec": "weightbridge.spec.resolve",
     "resolve_spec": "weightbridge.spec.resolve",
     "check_spec": "weightbridge.spec.resolve",
     "check_text": "weightbridge.spec.resolve",
@@ -34,18 +40,18 @@ _EXPORTS = {
     "RolloutBridge": "weightbridge.bridge",
     "ColocatedBridge": "weightbridge.bridge",
     "PushStats": "weightbridge.bridge",
+    "BridgeOptions": "weightbridge.bridge",
     "BridgeError": "weightbridge.errors",
-    "PeerFailed": "weightbridge.sync.errors",
-    "DeadlineExceeded": "weightbridge.sync.errors",
-    "HandshakeMismatch": "weightbridge.sync.errors",
-    "TornModelError": "weightbridge.sync.errors",
+    "PeerFailed": "weightbridge.errors",
+    "DeadlineExceeded": "weightbridge.errors",
+    "HandshakeMismatch": "weightbridge.errors",
+    "TornModelError": "weightbridge.errors",
+    "NothingToApply": "weightbridge.errors",
     "TransportError": "weightbridge.transport.errors",
+    "open_store": "weightbridge.transport.store",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'weightbridge' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,35 +1,120 @@
-"""The root of every error the runtime raises on purpose (catch ``weightbridge.BridgeError``).
+"""Every error the runtime raises on purpose (catch ``weightbridge.BridgeError``); the one home of their names.
 
 ::
 
-    BridgeError
-      TransportError(rank, peer, round, message)   data plane (weightbridge.transport.errors):
+    BridgeError                      base of everything the runtime raises on purpose
+      PeerFailed(rank, peer, message)      another rank failed (its own message) or died (no heartbeat)
+      DeadlineExceeded(rank, waiting_for)  a wait ran past ``sync.timeout_s``
+      HandshakeMismatch(rank, field, ...)  ranks disagree on spec hash, plan hash or dtypes
+      TornModelError(rank, version, ...)   an in-place update was interrupted; live weights are mixed
+      NothingToApply(rank)                 apply() before any version was received
+      TransportError(rank, peer, round, message)   the data plane (:mod:`weightbridge.transport.errors`):
         PeerTimeout, PeerDisconnected, ChecksumError
-      PeerFailed, DeadlineExceeded, HandshakeMismatch, TornModelError, NothingToApply
-                                                    control plane (weightbridge.sync.errors)
+
+Ranks are written ``"trainer 1"`` / ``"rollout 3"`` (:class:`weightbridge.sync.roster.RankId`),
+always in spec numbering (rollout ranks instance-major as in the spec), never in the numbering
+of an epoch's plan or bridge group (:class:`~weightbridge.sync.roster.Roster` translates).
+
+Every error pickles as the same type with the same fields (multiprocessing, vLLM's RPC), however
+it was built: :func:`error_from_data` rebuilds one from plain data, and that copy pickles again.
 """
 
 from __future__ import annotations
 
+import pkgutil
 from typing import Any
 
 
 class BridgeError(RuntimeError):
     """Base class of the runtime's errors; each subclass names the rank that raised it and the peer.
 
-    Picklable with the subclass's own constructor arguments, so an error raised in a rank process
-    reaches its launcher (multiprocessing, vLLM's RPC) as the same type with the same fields.
+    Pickled by state (type, ``args``, attributes), so an error raised in a rank process reaches its
+    launcher (multiprocessing, vLLM's RPC) as the same type with the same fields.
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> BridgeError:
-        self = super().__new__(cls, *args)
-        self._init_args = (args, kwargs)
-        return self
-
     def __reduce__(self) -> tuple[Any, ...]:
-        args, kwargs = getattr(self, "_init_args", (self.args, {}))
-        return (_rebuild, (type(self), args, kwargs))
+        return (_restore, (type(self), self.args, dict(vars(self))))
 
 
-def _rebuild(cls: type[BridgeError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> BridgeError:
-    return cls(*args, **kwargs)
+def _restore(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    exc = cls.__new__(cls)
+    exc.args = args
+    vars(exc).update(state)
+    return exc
+
+
+class PeerFailed(BridgeError):
+    """``peer`` failed (and published ``message``) or stopped heart-beating while ``rank`` waited."""
+
+    def __init__(self, rank: Any, peer: Any, message: str) -> None:
+        self.rank = str(rank)
+        self.peer = str(peer)
+        self.message = message
+        super().__init__(f"{self.rank}: peer {self.peer} failed: {message}")
+
+
+class DeadlineExceeded(BridgeError):
+    """A wait on ``rank`` ran past its deadline (``sync.timeout_s``)."""
+
+    def __init__(self, rank: Any, waiting_for: str, timeout_s: float) -> None:
+        self.rank = str(rank)
+        self.waiting_for = waiting_for
+        self.timeout_s = timeout_s
+        super().__init__(f"{self.rank}: no progress after {timeout_s:g}s waiting for {waiting_for}")
+
+
+class HandshakeMismatch(BridgeError):
+    """Two ranks disagree on ``field`` (spec_hash, plan_hash, dtypes, ...); raised on every rank."""
+
+    def __init__(self, rank: Any, field: str, value: str, peer: Any, peer_value: str) -> None:
+        self.rank = str(rank)
+        self.field = field
+        self.value = value
+        self.peer = str(peer)
+        self.peer_value = peer_value
+        super().__init__(
+            f"{self.rank}: handshake mismatch on {field}: {self.rank} has {value}, {self.peer} has {peer_value}"
+        )
+
+
+class TornModelError(BridgeError):
+    """The live weights of ``rank`` are a mix of two versions (an in-place update was interrupted)."""
+
+    def __init__(self, rank: Any, version: int, previous: int | None, cause: str) -> None:
+        self.rank = str(rank)
+        self.version = version
+        self.previous = previous
+        self.cause = cause
+        super().__init__(
+            f"{self.rank}: weights are torn between version {previous} and {version} ({cause}); "
+            "do not serve them; the next complete push heals them"
+        )
+
+
+class NothingToApply(BridgeError):
+    """``apply()`` was called before any version was received."""
+
+    def __init__(self, rank: Any) -> None:
+        self.rank = str(rank)
+        super().__init__(f"{self.rank}: no version received yet; call apply() after poll() returned True")
+
+
+class ProtocolError(BridgeError):
+    """A runtime invariant does not hold on ``rank`` (a bug, or ranks driven out of the documented order)."""
+
+    def __init__(self, rank: Any, message: str) -> None:
+        self.rank = str(rank)
+        self.message = message
+        super().__init__(f"{self.rank}: {message}")
+
+
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """A typed error as msgpack-able data (e.g. vLLM's RPC replies): class path, attributes, message."""
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return {"type": f"{type(exc).__module__}:{type(exc).__qualname__}", "attrs": attrs, "message": str(exc)}
+
+
+def error_from_data(data: dict[str, Any]) -> BaseException:
+    """Re-create the error :func:`error_data` described (same class, attributes and message; picklable)."""
+    cls = pkgutil.resolve_name(data["type"])
+    return _restore(cls, (data["message"],), dict(data["attrs"]))

@@ -12,7 +12,7 @@ from transformers_facts import deepseek_router_weight_fp32
 from weightbridge.canonical import bundled_config_path, load_canonical
 from weightbridge.canonical.describe import human_bytes, human_count, summarize
 from weightbridge.cli.main import main
-from weightbridge.cli.models_cmd import source_for
+from weightbridge.ops.models import source_for
 
 
 def test_summarize_groups() -> None:

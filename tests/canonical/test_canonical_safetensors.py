@@ -51,6 +51,8 @@ def test_real_file_and_dtypes(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
+    from weightbridge.tensors import dtype_name
+
     tensors = {
         "a.weight": torch.zeros(2, 3, dtype=torch.bfloat16),
         "b": torch.zeros(4, dtype=torch.float32),
@@ -61,7 +63,7 @@ def test_real_file_and_dtypes(tmp_path: Path) -> None:
     save_file(tensors, tmp_path / "x.safetensors")
     m = from_safetensors(tmp_path / "x.safetensors")
     got = {t.name: (t.shape, t.dtype) for t in m}
-    assert got == {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in tensors.items()}
+    assert got == {k: (tuple(v.shape), dtype_name(v.dtype)) for k, v in tensors.items()}
     assert read_header(tmp_path / "x.safetensors")[0].name in tensors
 
 

@@ -17,7 +17,8 @@ def test_weightbridge_demo_json_exits_0_with_every_update_verified_bitwise(tmp_p
         capture_output=True, text=True, timeout=150, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    report = json.loads(proc.stdout)  # progress goes to stderr: stdout is the report alone
+    assert "trainer world up" in proc.stderr and "push v6 (async): applied on 4/4" in proc.stderr, proc.stderr[-2000:]
     assert report["verified"] is True and report["errors"] == []
     rows = report["steps"]
     assert [(r["version"], r["mode"]) for r in rows] == [
@@ -31,4 +32,4 @@ def test_weightbridge_demo_json_exits_0_with_every_update_verified_bitwise(tmp_p
 def test_demo_rejects_unknown_modes():
     proc = subprocess.run([sys.executable, "-m", "weightbridge", "demo", "--modes", "sideways"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--modes takes sync and/or async" in proc.stdout
+    assert proc.returncode == 2 and "takes sync and/or async" in proc.stderr and proc.stdout == ""

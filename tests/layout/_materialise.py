@@ -23,7 +23,7 @@ from weightbridge.layout.box import Box, box_numel, box_shape, format_box, in_bo
 from weightbridge.layout.expand import ExpandProblem, SideConfig, expand_side
 from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, SideLayout
 from weightbridge.spec.models import SideSpec
-from weightbridge.spec.resolve import side_config
+from weightbridge.spec.sides import side_config
 
 UNWRITTEN = -1
 TINY_MODELS = ("tiny-qwen2", "tiny-llama", "tiny-qwen3-moe", "tiny-deepseek-v3")

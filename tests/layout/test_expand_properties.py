@@ -272,7 +272,8 @@ def test_spec_example_meshes(name):
 
 def test_tiny_spec_example_resolves_and_tiles():
     """spec/examples/tiny_fsdp2_to_vllm.yaml through check_spec, then the same properties."""
-    from weightbridge.spec.resolve import check_spec, side_config
+    from weightbridge.spec.resolve import check_spec
+    from weightbridge.spec.sides import side_config
 
     path = Path(__file__).resolve().parents[2] / "spec" / "examples" / "tiny_fsdp2_to_vllm.yaml"
     resolved, problems = check_spec(path)
@@ -315,7 +316,7 @@ def test_layout_hash_stable_across_processes():
         from weightbridge.layout.expand import expand_side
         from weightbridge.layout.ir import CanonicalModel, CanonicalTensor
         from weightbridge.spec.models import SideSpec
-        from weightbridge.spec.resolve import side_config
+        from weightbridge.spec.sides import side_config
         out = []
         for c in json.load(sys.stdin):
             m = CanonicalModel(tuple(CanonicalTensor(n, tuple(s), d) for n, s, d in c["tensors"]),

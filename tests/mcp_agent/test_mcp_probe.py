@@ -13,7 +13,7 @@ from weightbridge.testing.optional import require
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 
 from mcp import Client  # noqa: E402 - after the skip above
-from mcp_helpers import TINY, error_text, in_process, ok, run_session
+from mcp_helpers import ROOT, TINY, error_text, in_process, ok, run_session
 
 from weightbridge.layout.ir import RankLayout, layout_hash
 
@@ -38,7 +38,7 @@ def test_probe_matches_the_spec_and_writes_inside_roots(tmp_path: Path) -> None:
                 tg.start_soon(call, i)
         return [results[i] for i in range(len(calls))]
 
-    good, mismatch = run_session(in_process("auto", roots=(tmp_path,)), body)
+    good, mismatch = run_session(in_process("auto", roots=(tmp_path, ROOT)), body)  # reads TINY (in ROOT)
     res = ok(good)
     assert res["matches_spec"] is True and res["differences"] == [] and res["verified"] is True
     assert res["written_to"] == str(out)

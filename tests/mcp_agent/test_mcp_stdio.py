@@ -48,7 +48,9 @@ def test_stdio_session_good_and_bad_calls(mode: str, tmp_path: Path) -> None:
         }
         return c.protocol_version, tools, calls, bad
 
-    version, tools, calls, bad = run_session(over_stdio(mode, "--root", str(tmp_path), "--cwd", str(tmp_path)), body)
+    # Reads are confined to the roots too: the example spec's directory is one.
+    version, tools, calls, bad = run_session(
+        over_stdio(mode, "--root", str(tmp_path), "--root", str(spec.parent), "--cwd", str(tmp_path)), body)
     assert version == MODES[mode] and tools == ALL_TOOLS
     out = {name: ok(r) for name, r in calls.items()}
     assert out["inspect_model"]["source"] == "bundled:tiny-llama"

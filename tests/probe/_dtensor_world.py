@@ -83,7 +83,7 @@ def run_rank(rank: int, store: str, dp: int, tp: int) -> dict:
 
     from weightbridge.probe.diff import diff_layouts, format_diff
     from weightbridge.probe.dtensor import layout_from_dtensors
-    from weightbridge.transport.localrun import diff_tensors, materialize
+    from weightbridge.tensors import diff_tensors, materialize
 
     from ._zoo import expand
 

@@ -23,7 +23,8 @@ from weightbridge.canonical.inline import from_inline
 from weightbridge.layout.expand import expand_side
 from weightbridge.layout.ir import CanonicalModel, SideLayout
 from weightbridge.spec.models import SideSpec
-from weightbridge.spec.resolve import side_config
+from weightbridge.spec.sides import side_config
+from weightbridge.tensors import torch_dtype
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -123,7 +124,7 @@ class VllmLike(Engine):
         self.kvl = self.kvh * self.hd
         self.layers = range(P["num_layers"]) if layers is None else layers
         dt = dtypes or {}
-        cdt = getattr(torch, m["model.embed_tokens.weight"].dtype)
+        cdt = torch_dtype(m["model.embed_tokens.weight"].dtype)
 
         def add(name, shape):
             self.add(name, shape, dt.get(name, dt.get("*", cdt)))
@@ -291,11 +292,11 @@ class HfLike(Engine):
         dt = dtypes or {}
         for t in m.tensors:
             shape = tuple(reversed(t.shape)) if t.name in self.transposed else t.shape
-            self.add(t.name, shape, dt.get(t.name, getattr(torch, t.dtype)))
+            self.add(t.name, shape, dt.get(t.name, torch_dtype(t.dtype)))
         self.tied = "lm_head.weight" not in m
         if self.tied:
             emb = m["model.embed_tokens.weight"]
-            self.add("lm_head.weight", emb.shape, getattr(torch, emb.dtype))
+            self.add("lm_head.weight", emb.shape, torch_dtype(emb.dtype))
 
     def load_one(self, name, w):
         if name in self.transposed:

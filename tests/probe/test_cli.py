@@ -14,7 +14,7 @@ from weightbridge.cli.main import main
 from weightbridge.layout.ir import layout_hash, RankLayout
 from weightbridge.probe.dtensor import layout_from_dtensors
 from weightbridge.spec.resolve import resolve_spec
-from weightbridge.transport.localrun import canonical_tensors
+from weightbridge.tensors import canonical_tensors
 
 SPEC = """\
 version: 1

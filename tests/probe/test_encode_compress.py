@@ -11,6 +11,7 @@ from weightbridge.probe import probe_loader
 from weightbridge.probe.compress import IdSpace, compress, normalize_pieces
 from weightbridge.probe.diff import diff_layouts
 from weightbridge.probe.encode import INVALID, CodeBook
+from weightbridge.tensors import dtype_name
 
 DTYPE_SETS = [
     [torch.bfloat16],
@@ -23,7 +24,7 @@ DTYPE_SETS = [
 ]
 
 
-@pytest.mark.parametrize("dtypes", DTYPE_SETS, ids=lambda ds: "+".join(str(d).removeprefix("torch.") for d in ds))
+@pytest.mark.parametrize("dtypes", DTYPE_SETS, ids=lambda ds: "+".join(dtype_name(d) for d in ds))
 def test_codes_are_exact_normal_and_decode_in_every_dtype(dtypes) -> None:
     book = CodeBook.for_dtypes(dtypes)
     k = torch.arange(1 << book.width) if book.width <= 16 else torch.randint(0, 1 << book.width, (50_000,))

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from weightbridge.sync.dataplane import RunStats
-from weightbridge.sync.errors import DeadlineExceeded
-from weightbridge.transport.pack import apply_local_copies, pack_items, unpack_items
+from weightbridge.errors import DeadlineExceeded
+from weightbridge.tensors import apply_local_copies, pack_items, unpack_items
 
 
 class StoreDataPlane:
@@ -20,7 +20,7 @@ class StoreDataPlane:
         self.timeout_s = 5.0
         self.connects = 0
 
-    def connect(self, store, *, prefix, bridge_rank, world_size, num_trainers, timeout_s) -> None:
+    def connect(self, store, *, prefix, bridge_rank, world_size, num_trainers, timeout_s, roster=None) -> None:
         self.store, self.prefix, self.timeout_s = store, prefix, timeout_s
         self.connects += 1
         store.set(f"{prefix}/conn/{bridge_rank}", b"1")

@@ -7,23 +7,26 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from weightbridge.bridge import RolloutBridge, TrainerBridge
-from weightbridge.sync.verify import mismatches
-from weightbridge.transport.localrun import materialize
-from weightbridge.transport.pack import torch_dtype
+from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
+from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import materialize, torch_dtype
 
 from sync_fakes import StoreDataPlane
 
 
 def spec_text(mode: str = "sync", max_staleness: int = 1, timeout_s: float = 10.0, round_bytes: str = "8KiB",
               trainer: str = "{preset: fsdp2, mesh: {dp: 2}}",
-              rollout: str = "{preset: vllm, instances: 2, mesh: {tp: 2}}") -> str:
+              rollout: str = "{preset: vllm, instances: 2, mesh: {tp: 2}}", heartbeat_s: float = 0.05,
+              **sync) -> str:
+    """A tiny spec; ``sync`` adds fields of its ``sync:`` section (checksums, min_instances, ...)."""
+    extra = "".join(f", {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in sync.items())
     return (
         "version: 1\n"
         "model: {bundled: tiny-qwen2}\n"
         f"trainer: {trainer}\n"
         f"rollout: {rollout}\n"
-        f"sync: {{mode: {mode}, max_staleness: {max_staleness}, round_bytes: {round_bytes}, timeout_s: {timeout_s}}}\n"
+        f"sync: {{mode: {mode}, max_staleness: {max_staleness}, round_bytes: {round_bytes}, timeout_s: {timeout_s}, "
+        f"heartbeat_s: {heartbeat_s}{extra}}}\n"
     )
 
 
@@ -64,15 +67,13 @@ class Threads:
 
 def trainer_bridge(resolved, rank, store, version0=0, **kw):
     tensors = materialize(resolved.trainer.ranks[rank], canonical(resolved, version0))
-    kw.setdefault("heartbeat_s", 0.05)
-    kw.setdefault("data_plane", StoreDataPlane(f"trainer {rank}"))
+    kw.setdefault("options", BridgeOptions(data_plane=StoreDataPlane(f"trainer {rank}")))
     return TrainerBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors
 
 
 def rollout_bridge(resolved, rank, store, **kw):
     tensors = materialize(resolved.rollout.ranks[rank], canonical(resolved, -1), fill=7.0)
-    kw.setdefault("heartbeat_s", 0.05)
-    kw.setdefault("data_plane", StoreDataPlane(f"rollout {rank}"))
+    kw.setdefault("options", BridgeOptions(data_plane=StoreDataPlane(f"rollout {rank}")))
     return RolloutBridge.from_spec(resolved, rank=rank, tensors=tensors, store=store, **kw), tensors
 
 

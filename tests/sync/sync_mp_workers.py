@@ -1,4 +1,4 @@
-"""Process bodies for the multiprocess bridge tests (run through ``transport.localrun.launch``).
+"""Process bodies for the multiprocess bridge tests (run through ``testing.localrun.launch``).
 
 Each returns a list of plain events (tuples) the test asserts on. The parent hosts the
 TCPStore (port 0, no race) so that killing trainer 0 never takes the store down with it.
@@ -12,12 +12,11 @@ import time
 
 import torch
 
-from weightbridge.bridge import RolloutBridge, TrainerBridge, load_spec
-from weightbridge.sync.errors import BridgeError, TornModelError
-from weightbridge.sync.verify import mismatches
-from weightbridge.transport.localrun import materialize
+from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
+from weightbridge.errors import BridgeError, TornModelError
+from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import materialize, torch_dtype
 from weightbridge.transport.errors import TransportError
-from weightbridge.transport.pack import torch_dtype
 from weightbridge.transport.store import open_store
 
 HOST = "127.0.0.1"
@@ -61,11 +60,8 @@ def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
 
     events: list[tuple] = []
     try:
-        bridge = TrainerBridge.from_spec(
-            r, rank=rank, tensors=tensors, store=store, heartbeat_s=0.2, on_round=on_round,
-            round_bytes=opts.get("round_bytes"), min_instances=opts.get("min_instances"),
-            checksums=opts.get("checksums", False),
-        )
+        bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, store=store,
+                                         options=BridgeOptions(on_round=on_round))
     except TYPED as exc:
         return [("error", None, type(exc).__name__, str(exc), time.time())]
     for v in opts["versions"]:
@@ -118,10 +114,8 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
 
     events: list[tuple] = []
     try:
-        bridge = RolloutBridge.from_spec(
-            r, rank=rank, tensors=tensors, store=store, staging=opts.get("staging", True), heartbeat_s=0.2,
-            on_round=on_round, round_bytes=opts.get("round_bytes"), checksums=opts.get("checksums", False),
-        )
+        bridge = RolloutBridge.from_spec(r, rank=rank, tensors=tensors, store=store, staging=opts.get("staging", True),
+                                         options=BridgeOptions(on_round=on_round))
     except TYPED as exc:
         return [("error", None, type(exc).__name__, str(exc), time.time())]
     deadline = time.monotonic() + opts.get("run_s", 20)

@@ -12,7 +12,7 @@ import pytest
 
 import sync_mp_workers as W
 from sync_harness import spec_text
-from weightbridge.transport.localrun import launch
+from weightbridge.testing.localrun import launch
 from weightbridge.transport.store import open_store
 
 pytestmark = pytest.mark.multiprocess
@@ -22,9 +22,14 @@ SLACK_S = 2.0
 ONE_INSTANCE = "{preset: vllm, instances: 1, mesh: {tp: 2}}"
 
 
+def spec(**kw) -> str:
+    kw.setdefault("timeout_s", TIMEOUT_S)
+    return spec_text(heartbeat_s=0.2, **kw)
+
+
 def run(procs, timeout_s=45):
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
-    args = [(role, spec, rank, store.port, opts) for role, spec, rank, opts in procs]
+    args = [(role, text, rank, store.port, opts) for role, text, rank, opts in procs]
     res = launch(W.main, args, timeout_s=timeout_s)
     killed = float(store.get("test/killed_at")) if store.check(["test/killed_at"]) else None
     return res, killed
@@ -37,9 +42,9 @@ def events(res, kind):
 
 @pytest.mark.parametrize("mode,checksums", [("sync", False), ("async", True)])
 def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
-    spec = spec_text(mode=mode, timeout_s=TIMEOUT_S)
-    procs = [("trainer", spec, t, {"versions": [1, 2, 3], "checksums": checksums}) for t in range(2)]
-    procs += [("rollout", spec, r, {"last": 3, "staging": r % 2 == 0, "checksums": checksums}) for r in range(4)]
+    text = spec(mode=mode, checksums=checksums)
+    procs = [("trainer", text, t, {"versions": [1, 2, 3]}) for t in range(2)]
+    procs += [("rollout", text, r, {"last": 3, "staging": r % 2 == 0}) for r in range(4)]
     res, _ = run(procs)
     for t in (0, 1):
         assert [e[1] for e in events(res[t], "pushed")] == [1, 2, 3]
@@ -50,13 +55,13 @@ def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
 
 
 def test_a_sender_killed_mid_round_fails_everyone_in_time_keeps_staged_and_heals_torn():
-    spec = spec_text(mode="sync", timeout_s=TIMEOUT_S)  # 8KiB rounds: 22 rounds
+    text = spec(mode="sync")  # 8KiB rounds: 22 rounds
     procs = [
-        ("trainer", spec, 0, {"versions": [1, 2, 3], "stop_on_error": False}),
-        ("trainer", spec, 1, {"versions": [1, 2], "kill": (2, 1)}),  # SIGKILL after round 1 of v2
-        ("trainer", spec, 1, {"versions": [3], "after_kill": True}),  # the restarted trainer 1
+        ("trainer", text, 0, {"versions": [1, 2, 3], "stop_on_error": False}),
+        ("trainer", text, 1, {"versions": [1, 2], "kill": (2, 1)}),  # SIGKILL after round 1 of v2
+        ("trainer", text, 1, {"versions": [3], "after_kill": True}),  # the restarted trainer 1
     ]
-    procs += [("rollout", spec, r, {"last": 3, "staging": r < 2}) for r in range(4)]
+    procs += [("rollout", text, r, {"last": 3, "staging": r < 2}) for r in range(4)]
     res, killed = run(procs)
     assert killed is not None and res[1].exitcode == -9
     t0 = res[0].value
@@ -79,10 +84,10 @@ def test_a_sender_killed_mid_round_fails_everyone_in_time_keeps_staged_and_heals
 
 
 def test_a_receiver_killed_mid_round_fails_everyone_in_time_and_the_next_push_drops_its_instance():
-    spec = spec_text(mode="sync", timeout_s=TIMEOUT_S)
-    opts = {"versions": [1, 2, 3, 4], "stop_on_error": False, "min_instances": 1, "await_rollouts": 4}
-    procs = [("trainer", spec, t, opts) for t in range(2)]
-    procs += [("rollout", spec, r, {"last": 4, "staging": r < 2, **({"kill": (2, 1)} if r == 3 else {})})
+    text = spec(mode="sync", min_instances=1)
+    opts = {"versions": [1, 2, 3, 4], "stop_on_error": False, "await_rollouts": 4}
+    procs = [("trainer", text, t, opts) for t in range(2)]
+    procs += [("rollout", text, r, {"last": 4, "staging": r < 2, **({"kill": (2, 1)} if r == 3 else {})})
               for r in range(4)]
     res, killed = run(procs)
     assert killed is not None and res[5].exitcode == -9
@@ -102,13 +107,15 @@ def test_a_receiver_killed_mid_round_fails_everyone_in_time_and_the_next_push_dr
     assert res[4].value[-1][:3] == ("final", None, True)  # still torn: its instance is incomplete
 
 
-@pytest.mark.parametrize("fault", ["plan_hash", "dtypes"])
+@pytest.mark.parametrize("fault", ["spec_hash", "dtypes"])
 def test_a_handshake_mismatch_fails_every_rank_naming_both_sides(fault):
-    spec = spec_text(mode="sync", timeout_s=TIMEOUT_S, rollout=ONE_INSTANCE)
-    odd = {"round_bytes": 4096} if fault == "plan_hash" else {"dtype": "float32"}
-    procs = [("trainer", spec, t, {"versions": [1]}) for t in range(2)]
-    procs += [("rollout", spec, r, {"last": 1, "stop_on_error": True, "run_s": 10, **(odd if r == 1 else {})})
-              for r in range(2)]
+    text = spec(mode="sync", rollout=ONE_INSTANCE)
+    # spec_hash: rollout 1's spec differs only in sync.checksums (a setting every rank must agree on)
+    odd_text = spec(mode="sync", rollout=ONE_INSTANCE, checksums=True) if fault == "spec_hash" else text
+    odd = {"dtype": "float32"} if fault == "dtypes" else {}
+    procs = [("trainer", text, t, {"versions": [1]}) for t in range(2)]
+    procs += [("rollout", odd_text if r == 1 else text, r,
+               {"last": 1, "stop_on_error": True, "run_s": 10, **(odd if r == 1 else {})}) for r in range(2)]
     res, _ = run(procs, timeout_s=30)
     msgs = [events(res[0], "error")[0][3], events(res[1], "error")[0][3]]
     msgs += [events(res[2 + r], "error")[0][2] for r in range(2)]

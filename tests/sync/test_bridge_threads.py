@@ -13,8 +13,9 @@ import time
 import pytest
 import torch
 
-from weightbridge.bridge import ColocatedBridge, DeadlineExceeded, NothingToApply, PeerFailed, load_spec
-from weightbridge.transport.localrun import materialize
+from weightbridge.bridge import ColocatedBridge, load_spec
+from weightbridge.errors import DeadlineExceeded, NothingToApply, PeerFailed
+from weightbridge.tensors import materialize
 
 from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
 
@@ -160,7 +161,7 @@ def test_sync_push_returns_only_after_every_receiver_applied():
 
 
 def test_a_late_instance_receives_the_current_version_on_its_first_update_in_a_new_epoch():
-    r = load_spec(spec_text(mode="sync", timeout_s=10))
+    r = load_spec(spec_text(mode="sync", timeout_s=10, min_instances=1))
     T = Threads()
     late = threading.Event()
     try:
@@ -171,7 +172,7 @@ def test_a_late_instance_receives_the_current_version_on_its_first_update_in_a_n
                 late.set()
                 wait_until(lambda: T.store.check(["wb/join/rollout/2", "wb/join/rollout/3"]), what="late join")
 
-        run_trainers(T, r, [1, 2, 3], min_instances=1, completed=[], on_return=after)
+        run_trainers(T, r, [1, 2, 3], completed=[], on_return=after)
         pushes = T.result("t0")
         early = [T.result(f"r{i}") for i in (0, 1)]
         joined = [T.result(f"r{i}") for i in (2, 3)]
@@ -227,27 +228,30 @@ def test_colocated_bridge_copies_plan_items_directly_bitwise_and_casts():
         assert bridge.version == v and not bridge.torn and stats.mode == "colocated"
         for x in r.rollout.ranks:
             assert trainer[0]["model.norm.weight"].dtype == torch.float32
-            from weightbridge.sync.verify import mismatches
+            from weightbridge.testing.verify import mismatches
 
             assert mismatches(x, rollout[x.rank], canonical(r, v)) == []
 
 
 def test_trainer_rank_0_hosts_the_control_store_at_host_and_port():
-    from weightbridge.bridge import RolloutBridge, TrainerBridge
+    from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
     from sync_fakes import StoreDataPlane
 
     r = load_spec(spec_text(mode="sync", timeout_s=5, rollout=ONE_INSTANCE))
-    kw = {"heartbeat_s": 0.05}
+
     def tensors(layout, v):
         return materialize(layout, canonical(r, v))
 
+    def fake():
+        return BridgeOptions(data_plane=StoreDataPlane())
+
     t0 = TrainerBridge.from_spec(r, rank=0, tensors=tensors(r.trainer.ranks[0], 1), host="127.0.0.1", port=0,
-                                 data_plane=StoreDataPlane(), **kw)
+                                 options=fake())
     port = t0.store.port  # port 0: the OS picked a free one, read back from the store
     t1 = TrainerBridge.from_spec(r, rank=1, tensors=tensors(r.trainer.ranks[1], 1), host="127.0.0.1", port=port,
-                                 data_plane=StoreDataPlane(), **kw)
+                                 options=fake())
     rolls = [RolloutBridge.from_spec(r, rank=i, tensors=tensors(r.rollout.ranks[i], -1), host="127.0.0.1", port=port,
-                                     data_plane=StoreDataPlane(), **kw) for i in range(2)]
+                                     staging=True, options=fake()) for i in range(2)]
     T = Threads()
     try:
         T.start("t1", t1.push, 1)

@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from weightbridge.sync.control import ControlPlane, HeartbeatMonitor, check_hellos
-from weightbridge.sync.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed, RankId
+from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
+from weightbridge.sync.roster import RankId
 from weightbridge.sync.messages import Hello, Keys
 
 T0, T1, R0 = RankId("trainer", 0), RankId("trainer", 1), RankId("rollout", 0)

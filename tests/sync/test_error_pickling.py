@@ -6,7 +6,16 @@ import pickle
 
 import pytest
 
-from weightbridge.sync.errors import DeadlineExceeded, HandshakeMismatch, NothingToApply, PeerFailed, TornModelError
+from weightbridge.errors import (
+    DeadlineExceeded,
+    HandshakeMismatch,
+    NothingToApply,
+    PeerFailed,
+    ProtocolError,
+    TornModelError,
+    error_data,
+    error_from_data,
+)
 from weightbridge.transport.errors import ChecksumError, PeerDisconnected, PeerTimeout, TransportError
 
 CASES = [
@@ -15,10 +24,12 @@ CASES = [
     HandshakeMismatch("rollout 2", "plan_hash", "abc", "trainer 0", "def"),
     TornModelError("rollout 0", 7, 6, "in-place receive of version 7 interrupted"),
     NothingToApply("rollout 5"),
+    ProtocolError("rollout 1", "offer of round 3 under round 2"),
     TransportError(1, 3, 2, "boom"),
     PeerTimeout(0, 2, 1, "no data"),
     PeerDisconnected(0, None, None, "closed"),
     ChecksumError(2, 0, 4),
+    PeerTimeout(2, 0, 1, "no data", rank_name="rollout 2 (bridge rank 2)", peer_name="trainer 0 (bridge rank 0)"),
 ]
 
 
@@ -30,3 +41,23 @@ def test_round_trip_keeps_type_message_and_fields(err: Exception) -> None:
     fields = {k: v for k, v in vars(err).items() if k != "_init_args"}
     assert {k: v for k, v in vars(back).items() if k != "_init_args"} == fields
     assert fields  # every error carries its rank (and more) as attributes
+
+
+@pytest.mark.parametrize("err", CASES, ids=lambda e: type(e).__name__)
+def test_an_error_rebuilt_from_rpc_data_pickles_again(err: Exception) -> None:
+    """vLLM's RPC carries errors as plain data (error_data); the rebuilt error must pickle like the original."""
+    rebuilt = error_from_data(error_data(err))
+    assert type(rebuilt) is type(err) and str(rebuilt) == str(err)
+    back = pickle.loads(pickle.dumps(rebuilt))
+    assert type(back) is type(err) and str(back) == str(err)
+    assert vars(back) == vars(rebuilt) and vars(back)["rank"] == vars(err)["rank"]
+
+
+def test_error_names_have_one_home() -> None:
+    import weightbridge
+    import weightbridge.bridge
+    import weightbridge.sync
+
+    for name in ("PeerFailed", "DeadlineExceeded", "HandshakeMismatch", "TornModelError", "NothingToApply"):
+        assert getattr(weightbridge, name) is getattr(__import__("weightbridge.errors", fromlist=[name]), name)
+        assert not hasattr(weightbridge.bridge, name) and not hasattr(weightbridge.sync, name)

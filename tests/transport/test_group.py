@@ -27,15 +27,13 @@ rollout: {preset: hf, instances: 2}
 # The demo simulates a trainer framework (its own FSDP2 world), so it may use torch.distributed itself;
 # DTensor introspection reads placements (torch.distributed.tensor) and communicates nothing. The
 # conformance suite starts an integration's own side world (testing/contract.py, testing/fsdp2.py); the vLLM selfcheck
-# runs an FSDP2 trainer world, and the vLLM engine all-reduces the version decision over vLLM's own
-# CPU group (not a bridge group).
+# runs an FSDP2 trainer world. The vLLM engine agrees on versions through the bridge (no torch.distributed).
 ALLOWED = {"transport", "demo"}
 ALLOWED_FILES = {
     "probe/dtensor.py",
     "testing/contract.py",
     "testing/fsdp2.py",
-    "integrations/vllm/selfcheck.py",
-    "integrations/vllm/engine.py",
+    "testing/vllm_selfcheck.py",
 }
 
 

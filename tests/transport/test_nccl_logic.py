@@ -19,7 +19,7 @@ import torch
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import BridgeGroup, Executor, PeerTimeout
-from weightbridge.transport.localrun import canonical_tensors, diff_tensors, empty_like_layout, materialize
+from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize
 
 SPEC = """
 version: 1

@@ -11,10 +11,9 @@ import torch
 from weightbridge.layout.box import box_shape
 from weightbridge.layout.ir import dtype_bytes
 from weightbridge.plan.types import LocalCopy, WireItem
-from weightbridge.transport import apply_local_copies, backend_for, chunk_bounds, pack_items, unpack_items
-from weightbridge.transport.executor import checksum, weighted_sum
-from weightbridge.transport.localrun import bitwise_equal
-from weightbridge.transport.pack import torch_dtype
+from weightbridge.tensors import apply_local_copies, bitwise_equal, pack_items, torch_dtype, unpack_items
+from weightbridge.transport import backend_for, chunk_bounds
+from weightbridge.transport.wire import checksum, weighted_sum
 
 
 def item(canonical_box, src, src_box, dst, dst_box, dtype="float32", src_t=False, dst_t=False, name="w") -> WireItem:

@@ -13,13 +13,7 @@ import torch
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import Executor, create_bridge_group, open_store
-from weightbridge.transport.localrun import (
-    canonical_tensors,
-    diff_tensors,
-    empty_like_layout,
-    materialize,
-    needed_names,
-)
+from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
 
 FILL = 3.0  # destination value before the update; padding must keep it
 

@@ -18,6 +18,7 @@ from typing import Any
 from weightbridge.canonical.bundled import bundled_config_path, bundled_names
 from weightbridge.canonical.configfile import FLOAT_DTYPES, check_float_dtype, config_dtype, read_config
 from weightbridge.canonical.errors import CanonicalSourceError
+from weightbridge.spec.errors import show
 from weightbridge.canonical.hf_config import from_hf_config
 from weightbridge.canonical.inline import from_inline
 from weightbridge.canonical.safetensors_header import from_safetensors
@@ -85,7 +86,7 @@ def _load(kind: str, value: Any, base_dir: Path, dtype: str | None, cache_dir: s
         model = from_inline(value)
         return _override_dtype(model, dtype, _dominant_float_dtype(model)) if dtype else model
     if not isinstance(value, (str, Path)) or not str(value):
-        raise CanonicalSourceError(kind, f"expected a {'name' if kind == 'bundled' else 'path'}, got {value!r}")
+        raise CanonicalSourceError(kind, f"expected a {'name' if kind == 'bundled' else 'path'}, got {show(value)}")
     if kind == "bundled":
         path = bundled_config_path(str(value))
         try:

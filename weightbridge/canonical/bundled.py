@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from weightbridge.canonical.errors import CanonicalSourceError
+from weightbridge.spec.errors import show
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 
@@ -22,5 +23,5 @@ def bundled_config_path(name: str) -> Path:
     """Path of bundled config ``name``; CanonicalSourceError (key ``bundled``) if there is none."""
     names = bundled_names()
     if not isinstance(name, str) or name not in names:
-        raise CanonicalSourceError("bundled", f"unknown bundled model {name!r}", f"known: {', '.join(names)}")
+        raise CanonicalSourceError("bundled", f"unknown bundled model {show(name)}", f"known: {', '.join(names)}")
     return BUNDLED_DIR / f"{name}.json"

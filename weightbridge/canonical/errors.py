@@ -13,8 +13,10 @@ class CanonicalSourceError(ValueError):
     """
 
     def __init__(self, key: str, message: str, hint: str = "") -> None:
+        from weightbridge.spec.errors import excerpt  # every echoed user value stays short
+
         self.key = key
-        self.message = message
-        self.hint = hint
-        text = f"model.{key}: {message}" if key != "model" else f"model: {message}"
-        super().__init__(f"{text} ({hint})" if hint else text)
+        self.message = excerpt(message, 1000)
+        self.hint = excerpt(hint, 500)
+        text = f"model.{key}: {self.message}" if key != "model" else f"model: {self.message}"
+        super().__init__(f"{text} ({self.hint})" if hint else text)

@@ -35,6 +35,7 @@ from weightbridge.canonical.errors import CanonicalSourceError
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
+from weightbridge.spec.errors import show
 
 CACHE_FORMAT = 3  # 3: forced-fp32 modules applied explicitly (dotted names too)
 _DROPPED_KEYS = ("quantization_config",)
@@ -74,10 +75,59 @@ def from_hf_config(
         raw, path = read_config(config, "config")
         source = f"config:{path}"
     prepared = _prepare(raw)
+    missing = missing_sizes(raw)
+    if missing:
+        _check_model_type(prepared, _transformers_version())  # an unknown model_type is the first thing to say
+        model_type = prepared.get("model_type")
+        raise CanonicalSourceError(
+            "config",
+            f"{source.removeprefix('config:')} gives no {', '.join(missing)}: transformers would fill "
+            f"{'it' if len(missing) == 1 else 'them'} in from its {model_type!r} defaults, a model of another size",
+            "use the model's full config.json (as save_pretrained writes it), or model.bundled: NAME "
+            "(weightbridge models lists them)",
+        )
     target = check_float_dtype(dtype) if dtype is not None else (config_dtype(prepared) or "float32")
     tensors = _tensors(prepared, target, Path(cache_dir) if cache_dir else default_cache_dir(), use_cache)
     params = merge_params(params_from_names(tensors), params_from_config(raw))
     return CanonicalModel(tensors=tensors, params=params, source=source)
+
+
+# Sizes a config must give itself (under any alias params.py knows, or in text_config): without
+# them transformers silently builds its default model of that type (a 12B model for {"model_type": "qwen2"}).
+REQUIRED_SIZES: tuple[tuple[str, str], ...] = (
+    ("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"), ("vocab_size", "vocab_size"),
+)
+
+
+def missing_sizes(raw: dict[str, Any]) -> list[str]:
+    """HF names of the required sizes ``raw`` does not give (empty: it gives them all)."""
+    given = params_from_config(raw)
+    return [hf_name for key, hf_name in REQUIRED_SIZES if key not in given]
+
+
+def _check_model_type(prepared: dict[str, Any], version: str) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = prepared.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise CanonicalSourceError(
+            "config", f"model_type {show(model_type)} is unknown to transformers {version}", "check config.json"
+        )
+
+
+# Instantiating on the meta device costs time per module: a hostile num_hidden_layers of 10**9 would
+# never finish. Far above any real model (DeepSeek-V3: 61 layers, 256 experts).
+MAX_LAYERS, MAX_EXPERTS = 4096, 65536
+
+
+def _check_size_bounds(prepared: dict[str, Any]) -> None:
+    params = params_from_config(prepared)
+    for key, limit in (("num_layers", MAX_LAYERS), ("num_experts", MAX_EXPERTS)):
+        value = params.get(key)
+        if isinstance(value, int) and not 0 <= value <= limit:
+            raise CanonicalSourceError(
+                "config", f"{key} {show(value)} is out of range (0..{limit})", "check config.json"
+            )
 
 
 def _prepare(raw: dict[str, Any]) -> dict[str, Any]:
@@ -159,16 +209,16 @@ def _instantiate(prepared: dict[str, Any], dtype: str, version: str) -> list[Can
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    model_type = prepared.get("model_type")
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise CanonicalSourceError(
-            "config", f"model_type {model_type!r} is unknown to transformers {version}", "check config.json"
-        )
+    from weightbridge.tensors import torch_dtype
+
+    _check_model_type(prepared, version)
+    _check_size_bounds(prepared)
+    model_type = prepared["model_type"]
     try:
         config_obj = CONFIG_MAPPING[model_type].from_dict(prepared)
         dtype_kw = "dtype" if int(version.split(".")[0]) >= 5 else "torch_dtype"
         with torch.device("meta"):
-            model = _model_class(transformers, prepared)(config_obj, **{dtype_kw: getattr(torch, dtype)})
+            model = _model_class(transformers, prepared)(config_obj, **{dtype_kw: torch_dtype(dtype)})
         state = model.state_dict()
         for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
             state.pop(key, None)
@@ -177,7 +227,7 @@ def _instantiate(prepared: dict[str, Any], dtype: str, version: str) -> list[Can
         forced = _forced_fp32(model, dtype)
     except CanonicalSourceError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, ImportError) as exc:
+    except Exception as exc:  # transformers' code on a user's config: any failure is the config's
         raise CanonicalSourceError(
             "config", f"transformers {version} cannot build {model_type!r}: {type(exc).__name__}: {exc}"
         ) from exc
@@ -232,5 +282,7 @@ def _revert(model: Any, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dtype_name(dtype: Any) -> str:
-    raw = str(dtype).removeprefix("torch.")
+    from weightbridge.tensors import dtype_name
+
+    raw = dtype_name(dtype)
     return normalize_dtype(raw) or raw

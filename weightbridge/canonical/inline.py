@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weightbridge.canonical.errors import CanonicalSourceError
+from weightbridge.spec.errors import show
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_names
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
@@ -29,7 +30,7 @@ def from_inline(tensors: Sequence[Mapping[str, Any]], params: Mapping[str, Any] 
     for i, item in enumerate(tensors):
         t = _tensor(i, item)
         if t.name in out:
-            raise CanonicalSourceError(_KEY, f"[{i}]: duplicate tensor name {t.name!r}")
+            raise CanonicalSourceError(_KEY, f"[{i}]: duplicate tensor name {show(t.name)}")
         out[t.name] = t
     ordered = sort_tensors(out.values())
     return CanonicalModel(tensors=ordered, params=merge_params(params_from_names(ordered), params), source="inline")
@@ -37,7 +38,7 @@ def from_inline(tensors: Sequence[Mapping[str, Any]], params: Mapping[str, Any] 
 
 def _tensor(i: int, item: Any) -> CanonicalTensor:
     if not isinstance(item, Mapping):
-        raise CanonicalSourceError(_KEY, f"[{i}]: expected a mapping with name, shape, dtype, got {item!r}")
+        raise CanonicalSourceError(_KEY, f"[{i}]: expected a mapping with name, shape, dtype, got {show(item)}")
     unknown = sorted(set(item) - {"name", "shape", "dtype"})
     if unknown:
         raise CanonicalSourceError(
@@ -45,12 +46,12 @@ def _tensor(i: int, item: Any) -> CanonicalTensor:
         )
     name, shape, raw_dtype = item.get("name"), item.get("shape"), item.get("dtype")
     if not isinstance(name, str) or not name:
-        raise CanonicalSourceError(_KEY, f"[{i}].name: expected a non-empty string, got {name!r}")
+        raise CanonicalSourceError(_KEY, f"[{i}].name: expected a non-empty string, got {show(name)}")
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise CanonicalSourceError(_KEY, f"[{i}].shape: expected a list of non-negative integers, got {shape!r}")
+        raise CanonicalSourceError(_KEY, f"[{i}].shape: expected a list of non-negative integers, got {show(shape)}")
     dtype = normalize_dtype(raw_dtype) if isinstance(raw_dtype, str) else None
     if dtype is None:
-        raise CanonicalSourceError(_KEY, f"[{i}].dtype: unknown dtype {raw_dtype!r}", "e.g. bfloat16, float32")
+        raise CanonicalSourceError(_KEY, f"[{i}].dtype: unknown dtype {show(raw_dtype)}", "e.g. bfloat16, float32")
     return CanonicalTensor(name, tuple(shape), dtype)

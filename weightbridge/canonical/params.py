@@ -31,26 +31,6 @@ from typing import Any
 
 from weightbridge.layout.ir import CanonicalTensor
 
-PARAM_KEYS: tuple[str, ...] = (
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "vocab_size",
-    "intermediate_size",
-    "num_experts",
-    "moe_intermediate_size",
-    "num_shared_experts",
-    "first_k_dense",
-    "tie_word_embeddings",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-    "model_type",
-)
 
 _ALIASES: dict[str, tuple[str, ...]] = {
     "num_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),

@@ -20,8 +20,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from weightbridge.canonical.configfile import read_config
+from weightbridge.canonical.configfile import check_path, read_config, read_json
 from weightbridge.canonical.errors import CanonicalSourceError
+from weightbridge.spec.errors import show
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
@@ -34,21 +35,21 @@ _KEY = "safetensors"
 
 def from_safetensors(path: str | Path) -> CanonicalModel:
     """Canonical model of a checkpoint file, index or directory (headers only)."""
-    p = Path(path).expanduser()
+    p = check_path(Path(path).expanduser(), _KEY)
     files, index_map = _checkpoint_files(p)
     found: dict[str, CanonicalTensor] = {}
     owner: dict[str, Path] = {}
     for f in files:
         for t in read_header(f):
             if t.name in found:
-                raise CanonicalSourceError(_KEY, f"tensor {t.name!r} appears in both {owner[t.name]} and {f}")
+                raise CanonicalSourceError(_KEY, f"tensor {show(t.name)} appears in both {owner[t.name]} and {f}")
             found[t.name] = t
             owner[t.name] = f
     if index_map is not None:
         missing = sorted(set(index_map) - set(found))
         if missing:
             raise CanonicalSourceError(
-                _KEY, f"{len(missing)} tensor(s) of the index are in no shard header, e.g. {missing[0]!r}"
+                _KEY, f"{len(missing)} tensor(s) of the index are in no shard header, e.g. {show(missing[0])}"
             )
     tensors = sort_tensors(found.values())
     config_params: dict[str, Any] = {}
@@ -78,10 +79,7 @@ def _checkpoint_files(p: Path) -> tuple[list[Path], dict[str, str] | None]:
 
 
 def _index_files(index: Path) -> tuple[list[Path], dict[str, str]]:
-    try:
-        obj = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CanonicalSourceError(_KEY, f"cannot read index {index}: {exc}") from exc
+    obj = read_json(index, _KEY, "checkpoint index")
     weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CanonicalSourceError(_KEY, f"{index} has no weight_map object of name -> shard file")
@@ -112,6 +110,8 @@ def read_header(path: str | Path) -> list[CanonicalTensor]:
         header = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CanonicalSourceError(_KEY, f"{p}: header is not JSON: {exc}") from exc
+    except RecursionError:
+        raise CanonicalSourceError(_KEY, f"{p}: header is not a safetensors header (nested too deeply)") from None
     if not isinstance(header, dict):
         raise CanonicalSourceError(_KEY, f"{p}: header is not a JSON object")
     return [_entry(p, name, info) for name, info in header.items() if name != "__metadata__"]
@@ -119,11 +119,11 @@ def read_header(path: str | Path) -> list[CanonicalTensor]:
 
 def _entry(p: Path, name: str, info: Any) -> CanonicalTensor:
     if not isinstance(info, dict):
-        raise CanonicalSourceError(_KEY, f"{p}: entry {name!r} is not an object")
+        raise CanonicalSourceError(_KEY, f"{p}: entry {show(name)} is not an object")
     raw_dtype, shape = info.get("dtype"), info.get("shape")
     dtype = normalize_dtype(raw_dtype) if isinstance(raw_dtype, str) else None
     if dtype is None:
-        raise CanonicalSourceError(_KEY, f"{p}: tensor {name!r} has unsupported dtype {raw_dtype!r}")
+        raise CanonicalSourceError(_KEY, f"{p}: tensor {show(name)} has unsupported dtype {show(raw_dtype)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise CanonicalSourceError(_KEY, f"{p}: tensor {name!r} has a bad shape {shape!r}")
+        raise CanonicalSourceError(_KEY, f"{p}: tensor {show(name)} has a bad shape {show(shape)}")
     return CanonicalTensor(name, tuple(shape), dtype)

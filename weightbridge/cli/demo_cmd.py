@@ -4,6 +4,25 @@ from __future__ import annotations
 
 import argparse
 
+from weightbridge.cli.common import excerpt, positive_float, positive_int
+
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in ("sync", "async")]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"takes sync and/or async, comma-separated (got {excerpt(repr(text), 60)})")
+    return modes
+
+
+def _timeout(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TIMEOUT_S:.0f} s, got {excerpt(text, 40)}")
+    return value
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -16,9 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Exit 0 only if everything matched."
         ),
     )
-    p.add_argument("--modes", default="sync,async", help="comma-separated modes, in order (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=3, help="optimizer steps (= versions) per mode (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=120.0, help="hard wall-clock limit, s (default: %(default)s)")
+    p.add_argument("--modes", type=_modes, default=("sync", "async"),
+                   help="comma-separated modes, in order (default: sync,async)")
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help="optimizer steps (= versions) per mode (default: %(default)s)")
+    p.add_argument("--timeout", type=_timeout, default=120.0, help="hard wall-clock limit, s (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (with \"verified\": true|false)")
     p.set_defaults(func=_run)
 
@@ -26,9 +47,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from weightbridge.demo.run import main
 
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    bad = [m for m in modes if m not in ("sync", "async")]
-    if bad or not modes or args.steps < 1:
-        print(f"weightbridge demo: --modes takes sync and/or async, --steps >= 1 (got {args.modes!r}, {args.steps})")
-        return 2
-    return main(modes, args.steps, args.timeout, args.json)
+    return main(args.modes, args.steps, args.timeout, args.json)

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from weightbridge.cli.common import PATH_MAX, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, excerpt, nonneg_int, show
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", metavar="B", help="SPEC.yaml:SIDE:RANK or a layout / probe JSON file")
     p.add_argument("--ignore-dtype", action="store_true", help="compare boxes only, not local dtypes")
     p.add_argument("--strict", action="store_true", help="also compare local tensors that hold no canonical element")
-    p.add_argument("--limit", type=int, default=20, help="tensors to show at most (default 20)")
+    p.add_argument("--limit", type=nonneg_int, default=20, help="tensors to show at most (default 20)")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
     p.set_defaults(func=run)
 
@@ -32,12 +32,22 @@ def run(args: argparse.Namespace) -> int:
     from weightbridge.layout.ir import layout_hash
     from weightbridge.probe.diff import SourceError, diff_layouts, format_diff, load_source, normalize_layout
 
+    for name, value in (("A", args.a), ("B", args.b)):
+        if "\0" in value:
+            raise UsageError(f"{name}: contains a NUL byte: {show(value)}")
+        if len(value) > PATH_MAX + 64:
+            raise UsageError(f"{name}: too long for a path ({len(value):,} chars): {excerpt(value)}")
     try:
         a = load_source(args.a)
         b = load_source(args.b)
     except SourceError as exc:
-        print(f"weightbridge diff: {exc}", file=sys.stderr)
+        lines = [excerpt(line, 600) for line in str(exc).splitlines()[:100]]  # bounded echo
+        print("weightbridge diff: " + "\n".join(lines), file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a path the OS refuses (a name too long, a directory, ...)
+        raise UsageError(f"cannot read {excerpt(str(exc.filename or ''))}: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise UsageError("a layout JSON is nested too deeply to be one") from None
     diffs = diff_layouts(a, b, dtypes=not args.ignore_dtype, strict=args.strict)
     if args.json:
         json.dump(
@@ -60,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         )
         sys.stdout.write("\n")
     elif diffs:
-        print(f"{len(diffs)} tensor(s) differ between A ({args.a}) and B ({args.b}):")
+        print(f"{len(diffs)} tensor(s) differ between A ({excerpt(args.a)}) and B ({excerpt(args.b)}):")
         print(format_diff(diffs, limit=args.limit))
     else:
         n = sum(1 for t in a.tensors if t.pieces)

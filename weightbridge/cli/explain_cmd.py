@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, load_rank_or_report, print_json
+from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, UsageError, load_rank_or_report, print_json, show
 from weightbridge.layout.box import format_box
 from weightbridge.layout.explain import explain_json, select_tensors
 
@@ -29,14 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+MAX_GLOB = 1000  # characters; tensor names are far shorter
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.tensor is not None and len(args.tensor) > MAX_GLOB:
+        raise UsageError(
+            f"--tensor: a glob of {len(args.tensor):,} characters; tensor names are shorter (at most {MAX_GLOB})"
+        )
     loaded = load_rank_or_report(args.spec, args.side, args.rank)
     if loaded is None:
         return EXIT_USAGE
     rank = loaded[1]
     tensors = select_tensors(rank, args.tensor)
     if args.tensor is not None and not tensors:
-        print(f"no local tensor of {args.side} rank {args.rank} matches {args.tensor!r}", file=sys.stderr)
+        print(f"no local tensor of {args.side} rank {args.rank} matches {show(args.tensor)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print_json(explain_json(rank, tensors))

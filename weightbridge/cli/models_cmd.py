@@ -16,6 +16,8 @@ from typing import Any
 
 from weightbridge.canonical import CanonicalSourceError, bundled_names, load_canonical
 from weightbridge.canonical.describe import human_bytes, human_count, summarize
+from weightbridge.cli.common import check_path_arg
+from weightbridge.ops.models import source_for
 
 
 def register(subparsers: Any) -> None:
@@ -28,27 +30,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def source_for(target: str, dtype: str | None = None) -> dict[str, Any]:
-    """The ``model:`` mapping a CLI argument means (bundled name, config, or safetensors)."""
-    src: dict[str, Any]
-    path = Path(target).expanduser()
-    if target in bundled_names() and not path.exists():
-        src = {"bundled": target}
-    elif path.is_dir():
-        has_weights = (path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors"))
-        src = {"safetensors": str(path)} if has_weights else {"config": str(path)}
-    elif path.name.endswith(".safetensors") or path.name.endswith(".index.json"):
-        src = {"safetensors": str(path)}
-    elif path.exists() or path.suffix == ".json":
-        src = {"config": str(path)}
-    else:
-        src = {"bundled": target}
-    if dtype:
-        src["dtype"] = dtype
-    return src
-
-
 def run(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        check_path_arg(args.model, "NAME_OR_PATH")
     try:
         if args.model is None:
             return _list(args)

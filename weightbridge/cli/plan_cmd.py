@@ -1,6 +1,7 @@
 """``weightbridge plan SPEC [--json] [--render plan.png]``: plan one update, validate it, price it.
 
-Exit codes: 0 the plan is valid; 1 the plan has problems (listed); 2 the spec has errors.
+Exit codes: 0 the plan is valid; 1 the plan has problems (listed); 2 user error (the spec has
+errors, a bad option, an output path that cannot be written).
 
 The ``--json`` object is documented in :mod:`weightbridge.plan.metrics` (keys are stable).
 """
@@ -8,39 +9,78 @@ The ``--json`` object is documented in :mod:`weightbridge.plan.metrics` (keys ar
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from weightbridge.cli.common import (
+    EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, byte_size_arg, check_output_path, excerpt, nonneg_int,
+)
+
+RENDER_FORMATS = (".png", ".svg", ".pdf")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan one weight update: rounds, balance, predicted time vs baseline")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="print the metrics object as JSON")
-    p.add_argument("--render", metavar="PNG", default=None, help="draw the sender x receiver matrix and round loads")
-    p.add_argument("--receiver-dedup", choices=("auto", "on", "off"), default="auto",
-                   help="rollout instances complete shards among themselves (auto: when the cost model says it pays)")
+    p.add_argument("--render", metavar="PNG", default=None,
+                   help="draw the sender x receiver matrix and round loads (.png, .svg or .pdf; no suffix: .png)")
+    p.add_argument("--receiver-dedup", choices=("auto", "on", "off"), default=None,
+                   help="override sync.receiver_dedup: rollout instances complete shards among themselves "
+                   "(auto: when the cost model says it pays)")
     p.add_argument("--network", default=None, help="override the spec's network preset (h100, h200, cpu-gloo)")
-    p.add_argument("--round-bytes", type=int, default=None, help="override sync.round_bytes (bytes)")
-    p.add_argument("--max-problems", type=int, default=50, help="problems printed in the summary (all in --json)")
+    p.add_argument("--round-bytes", type=byte_size_arg, default=None, metavar="BYTES",
+                   help="override sync.round_bytes (an integer or a size such as 64MiB; at least 4KiB)")
+    p.add_argument("--max-problems", type=nonneg_int, default=50,
+                   help="problems printed in the summary (all in --json)")
     p.set_defaults(func=run)
+
+
+def render_path(value: str) -> Path:
+    """The file ``--render VALUE`` writes: VALUE itself, or VALUE.png without a suffix; checked before planning."""
+    path = check_output_path(value, "--render")
+    if not path.suffix:
+        path = check_output_path(value + ".png", "--render")
+    if path.suffix.lower() not in RENDER_FORMATS:
+        raise UsageError(f"--render {excerpt(value)}: use a {', '.join(RENDER_FORMATS)} file name")
+    return path
+
+
+def _render(plan, path: Path, title: str) -> None:
+    """Draw into a temporary file beside ``path``, then rename: a failed render leaves nothing behind."""
+    from weightbridge.plan.render import render_png
+
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        render_png(plan, str(tmp), title=title)
+        os.replace(tmp, path)
+    except RuntimeError as exc:  # matplotlib missing
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--render {excerpt(str(path))}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from weightbridge.spec.errors import SpecErrors
     from weightbridge.spec.resolve import resolve_spec
+    from weightbridge.spec.sides import round_bytes_problem
 
+    render = render_path(args.render) if args.render is not None else None
     try:
         resolved = resolve_spec(args.spec)
     except SpecErrors as exc:
         print(str(exc), file=sys.stderr)
         print(f"{len(exc.problems)} problem(s) found", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as exc:
-        print(f"{args.spec}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
+    if args.round_bytes is not None:
+        too_fine = round_bytes_problem(resolved.rollout, args.round_bytes)
+        if too_fine is not None:
+            raise UsageError(f"--round-bytes: {too_fine[0]} ({too_fine[1]})")
 
-    from weightbridge.spec.planning import plan_spec
+    from weightbridge.ops.planning import plan_spec
 
     try:
         report = plan_spec(resolved, network=args.network, round_bytes=args.round_bytes,
@@ -49,14 +89,14 @@ def run(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     plan, problems, m = report.plan, report.problems, report.metrics
-    if args.render:
-        from weightbridge.plan.render import render_png
-
-        render_png(plan, args.render, title=str(args.spec))
+    if render is not None:
+        _render(plan, render, title=excerpt(str(args.spec), 120))
     if args.json:
         from weightbridge.cli.common import print_json
 
         print_json(m)
+        if render is not None:
+            print(f"rendered {render}", file=sys.stderr)
         return EXIT_FAIL if problems else EXIT_OK
 
     from rich.console import Console
@@ -71,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"note: {escape(reason)}")
     for note in plan.notes:
         console.print(f"note: {escape(note)}")
-    if args.render:
-        console.print(f"rendered {escape(args.render)}")
+    if render is not None:
+        console.print(f"rendered {escape(str(render))}")
     if problems:
         for p in problems[: args.max_problems]:
             console.print(f"[red]problem[/] {escape(str(p))}")

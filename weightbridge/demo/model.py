@@ -54,6 +54,7 @@ sync:
   round_bytes: 4MiB
   transport: gloo
   timeout_s: {timeout_s}
+  heartbeat_s: 0.5
 """
 
 
@@ -72,13 +73,10 @@ def write_demo_files(directory: Path, modes: tuple[str, ...], timeout_s: float) 
 def build_fsdp2_model(mesh):
     """The demo model, seeded identically on every trainer rank, sharded with FSDP2 over ``mesh``."""
     import torch
-    from torch.distributed.fsdp import fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from weightbridge.testing.fsdp2 import shard_dp
 
     cfg = {k: v for k, v in DEMO_CONFIG.items() if k not in ("architectures", "torch_dtype")}
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**cfg)).float()
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return shard_dp(Qwen2ForCausalLM(Qwen2Config(**cfg)).float(), mesh)

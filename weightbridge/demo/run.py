@@ -14,6 +14,11 @@ What runs (all local processes, started from one pre-imported fork server):
 
 Every process is killed at the hard deadline, so the demo cannot hang. Exit 0 only if every
 version every rollout rank applied matched bitwise and every rank reached the last version.
+
+Progress (``progress=True``, what ``weightbridge demo`` does) goes to stderr, so ``--json`` keeps
+stdout clean: a line per milestone (specs resolved, each world up, each version pushed and
+applied), read from counters the workers add to the store the parent hosts, and a spinner when
+stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,7 +52,7 @@ def _job(kind: str, job: dict) -> Any:
 
 def _launch(jobs: Sequence[tuple[str, str, dict]], timeout_s: float) -> dict[str, tuple]:
     """Run each ``(name, kind, job)`` in its own process; whatever still runs at ``timeout_s`` is killed."""
-    from weightbridge.transport.localrun import launch
+    from weightbridge.testing.localrun import launch
 
     results = launch(_job, [(kind, job) for _, kind, job in jobs], timeout_s=timeout_s, preload=_PRELOAD)
     out: dict[str, tuple] = {}
@@ -62,22 +68,104 @@ def _launch(jobs: Sequence[tuple[str, str, dict]], timeout_s: float) -> dict[str
     return out
 
 
+class _Progress:
+    """What the demo is doing, on stderr: a line per milestone, a spinner on a terminal.
+
+    The workers add to counters in the store the parent hosts (``workers.progress_key``); the
+    parent polls them while the worlds run. Progress never fails the demo: a failed read is skipped.
+    """
+
+    def __init__(self, enabled: bool, *, modes: Sequence[str], steps: int) -> None:
+        self.enabled, self.modes, self.steps = enabled, tuple(modes), steps
+        self.t0 = time.perf_counter()
+        self._status: Any = None
+        self._said: set[str] = set()
+        self._next_version = 1
+        self.console: Any = None
+        if enabled:
+            from rich.console import Console
+
+            self.console = Console(stderr=True, highlight=False)
+
+    def line(self, message: str) -> None:
+        if self.enabled:
+            self._spin(None)
+            self.console.print(f"[dim]{time.perf_counter() - self.t0:5.1f}s[/dim] {message}", soft_wrap=True)
+
+    def _spin(self, message: str | None) -> None:
+        if not self.enabled or not self.console.is_terminal:
+            return
+        if message is None:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+        elif self._status is None:
+            self._status = self.console.status(message)
+            self._status.start()
+        else:
+            self._status.update(message)
+
+    def once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.line(message)
+
+    def watch(self, store: Any, *, trainers: int, rollouts: int, instances: int) -> None:
+        """One read of the workers' counters; prints the milestones reached since the last."""
+        if not self.enabled:
+            return
+        from weightbridge.demo.workers import progress_key
+
+        try:
+            t_up, r_up = store.add(progress_key("trainer-up"), 0), store.add(progress_key("rollout-up"), 0)
+            pushed = store.add(progress_key("pushed"), 0)
+            if t_up >= trainers:
+                self.once("trainer-up", f"trainer world up: {trainers} ranks (FSDP2, float32, Gloo)")
+            if r_up >= rollouts:
+                self.once("rollout-up", f"rollout world up: {rollouts} ranks ({instances} instances x TP {rollouts // instances}, bfloat16)")
+            last = len(self.modes) * self.steps
+            while self._next_version <= min(pushed, last):
+                v = self._next_version
+                applied = store.add(progress_key(f"applied/{v}"), 0)
+                if applied < rollouts:
+                    self._spin(f"v{v}: applied on {applied}/{rollouts} rollout ranks")
+                    break
+                self.line(f"push v{v} ({self.modes[(v - 1) // self.steps]}): applied on {rollouts}/{rollouts} rollout ranks")
+                self._next_version += 1
+            else:
+                if t_up < trainers or r_up < rollouts:
+                    self._spin(f"starting worlds: trainer {t_up}/{trainers}, rollout {r_up}/{rollouts} ranks")
+                elif self._next_version <= last:
+                    self._spin(f"training step and push v{self._next_version} ({self.modes[(self._next_version - 1) // self.steps]})")
+        except Exception:  # noqa: BLE001 - progress is best effort
+            pass
+
+    def close(self) -> None:
+        self._spin(None)
+
+
 def run_demo(
-    *, modes: Sequence[str] = ("sync", "async"), steps: int = 3, timeout_s: float = 120.0, workdir: Path | None = None
+    *, modes: Sequence[str] = ("sync", "async"), steps: int = 3, timeout_s: float = 120.0, workdir: Path | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Run the demo and return its report (``verified``, one row per version, errors)."""
-    from weightbridge.bridge import load_spec
+    """Run the demo and return its report (``verified``, one row per version, errors).
+
+    ``progress=True`` prints what it is doing to stderr while it runs (never to stdout)."""
+    from weightbridge.spec.resolve import load_spec
     from weightbridge.transport.store import open_store
 
     t0 = time.perf_counter()
+    show = _Progress(progress, modes=modes, steps=steps)
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="weightbridge-demo-")
         workdir = Path(tmp.name)
     specs = write_demo_files(workdir, tuple(modes), timeout_s=min(60.0, timeout_s))
+    show.line(f"resolving the specs ({', '.join(modes)}): a Qwen2-style model on the meta device")
     resolved = {m: load_spec(p) for m, p in specs.items()}  # fills the canonical-model cache once
     first = resolved[modes[0]]
     num_trainers, num_rollout = first.trainer.world_size, first.rollout.world_size
+    instances = first.rollout.num_instances
     store = open_store(HOST, 0, is_master=True, timeout_s=timeout_s)
     base = {
         "host": HOST, "port": store.port, "timeout_s": min(60.0, timeout_s), "modes": list(modes), "steps": steps,
@@ -85,7 +173,28 @@ def run_demo(
     }
     jobs = [(f"trainer {t}", "trainer", {**base, "rank": t}) for t in range(num_trainers)]
     jobs += [(f"rollout {r}", "rollout", {**base, "rank": r}) for r in range(num_rollout)]
-    results = _launch(jobs, timeout_s)
+    show.line(f"starting trainer world ({num_trainers} ranks) and rollout world ({num_rollout} ranks): "
+              f"{len(modes) * steps} versions to push")
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["results"] = _launch(jobs, timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="weightbridge-demo-launch", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            show.watch(store, trainers=num_trainers, rollouts=num_rollout, instances=instances)
+            worker.join(0.25)
+        show.watch(store, trainers=num_trainers, rollouts=num_rollout, instances=instances)
+    finally:
+        show.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    results = outcome["results"]
     report = _report(results, modes=modes, steps=steps, num_rollout=num_rollout, resolved=first)
     report["wall_s"] = time.perf_counter() - t0
     del store
@@ -167,7 +276,7 @@ def render(report: dict[str, Any]) -> None:
 
 
 def main(modes: Sequence[str], steps: int, timeout_s: float, as_json: bool) -> int:
-    report = run_demo(modes=modes, steps=steps, timeout_s=timeout_s)
+    report = run_demo(modes=modes, steps=steps, timeout_s=timeout_s, progress=True)
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

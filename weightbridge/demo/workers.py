@@ -17,6 +17,13 @@ from typing import Any
 import torch
 
 PHASE_PREFIX = "wb-demo-{mode}"
+# Progress counters the parent reads from the store it hosts (``weightbridge.demo.run._Progress``).
+PROGRESS_PREFIX = "wb-demo-progress/"
+
+
+def progress_key(what: str) -> str:
+    """``trainer-up`` / ``rollout-up`` (ranks ready), ``pushed`` (versions trainer 0 pushed), ``applied/V``."""
+    return PROGRESS_PREFIX + what
 
 
 def _canonical_path(workdir: str, version: int) -> Path:
@@ -25,68 +32,60 @@ def _canonical_path(workdir: str, version: int) -> Path:
 
 def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One trainer rank: its own world (Gloo default group) + FSDP2 model; push after each step."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from weightbridge.bridge import TrainerBridge, load_spec
+    from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
     from weightbridge.demo.model import build_fsdp2_model
-    from weightbridge.sync.verify import mismatches
+    from weightbridge.testing.fsdp2 import FSDP2World
+    from weightbridge.testing.verify import mismatches
     from weightbridge.transport.store import open_store
 
     rank, world = job["rank"], job["num_trainers"]
     store = open_store(job["host"], job["port"], is_master=False, timeout_s=job["timeout_s"])
     # The training framework's own world: never touched by the bridge.
-    dist.init_process_group("gloo", store=dist.PrefixStore("demo/trainer-world/", store), rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-    model = build_fsdp2_model(mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    params = dict(model.named_parameters())
-
-    def local() -> dict[str, torch.Tensor]:
-        return {name: p.to_local() for name, p in params.items()}
+    trainer = FSDP2World(build_fsdp2_model, rank=rank, world_size=world, store=store, prefix="demo/trainer-world/")
+    opt = torch.optim.AdamW(trainer.model.parameters(), lr=1e-3)
+    local = trainer.tensors
+    store.add(progress_key("trainer-up"), 1)
 
     records: list[dict[str, Any]] = []
     version = 0
     for mode in job["modes"]:
         resolved = load_spec(job["specs"][mode])
         layout = resolved.trainer.ranks[rank]
-        bridge = TrainerBridge.from_spec(
-            resolved, rank=rank, tensors=local(), store=store, prefix=PHASE_PREFIX.format(mode=mode), heartbeat_s=0.5
-        )
+        options = BridgeOptions(prefix=PHASE_PREFIX.format(mode=mode))
+        bridge = TrainerBridge.from_spec(resolved, rank=rank, tensors=local(), store=store, options=options)
         for _ in range(job["steps"]):
             version += 1
             g = torch.Generator().manual_seed(version)
             ids = torch.randint(0, resolved.canonical.param_dict.get("vocab_size", 4000), (4, 32), generator=g)
             t0 = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            loss = trainer.step(opt, ids)
             train_s = time.perf_counter() - t0
             # Verification only: the full canonical tensors (a collective over the trainer world).
-            full = {t.name: params[t.name].full_tensor().detach() for t in resolved.canonical.tensors}
+            full = trainer.full_tensors(t.name for t in resolved.canonical.tensors)
             layout_bad = mismatches(layout, local(), full)
             if rank == 0:
                 tmp = _canonical_path(job["workdir"], version).with_suffix(".tmp")
                 torch.save(full, tmp)
                 os.replace(tmp, _canonical_path(job["workdir"], version))
             stats = bridge.push(version, tensors=local())
+            if rank == 0:
+                store.add(progress_key("pushed"), 1)
             records.append({
                 "mode": mode, "version": version, "epoch": stats.epoch, "wire_bytes": stats.wire_bytes,
                 "bytes_sent": stats.bytes_sent, "seconds": stats.seconds, "transfer_s": stats.transfer_s,
-                "wait_s": stats.wait_s, "gbps": stats.gbps, "loss": loss.item(), "train_s": train_s,
+                "wait_s": stats.wait_s, "gbps": stats.gbps, "loss": loss, "train_s": train_s,
                 "trainer_layout_ok": not layout_bad, "layout_problems": layout_bad,
             })
         bridge.close()
-    dist.destroy_process_group()
+    trainer.close()
     return records
 
 
 def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout rank (one TP worker of one engine instance): serve, poll, apply, verify."""
-    from weightbridge.bridge import RolloutBridge, load_spec
-    from weightbridge.sync.verify import mismatches
-    from weightbridge.transport.localrun import empty_like_layout
+    from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
+    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import empty_like_layout
     from weightbridge.transport.store import open_store
 
     rank = job["rank"]
@@ -99,13 +98,12 @@ def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
         layout = resolved.rollout.ranks[rank]
         if live is None:
             live = empty_like_layout(layout)  # the engine's parameters, in the vLLM layout
-        # sync: the engine is paused for the update, receive in place (no extra memory);
-        # async: keep serving from the live weights while the update lands in a staging copy.
-        staging = mode == "async"
-        bridge = RolloutBridge.from_spec(
-            resolved, rank=rank, tensors=live, store=store, staging=staging,
-            prefix=PHASE_PREFIX.format(mode=mode), heartbeat_s=0.5,
-        )
+            store.add(progress_key("rollout-up"), 1)
+        # Staging follows the mode: sync: the engine is paused for the update, receive in place (no
+        # extra memory); async: keep serving from the live weights while the update lands in a staging copy.
+        options = BridgeOptions(prefix=PHASE_PREFIX.format(mode=mode))
+        bridge = RolloutBridge.from_spec(resolved, rank=rank, tensors=live, store=store, options=options)
+        staging = bridge.staging
         last += job["steps"]
         deadline = time.monotonic() + job["timeout_s"]
         serve_w = live["model.layers.0.self_attn.qkv_proj.weight"]
@@ -121,6 +119,7 @@ def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
             rec = bridge.last_receive
             canonical = torch.load(_canonical_path(job["workdir"], v))
             bad = mismatches(layout, live, canonical)
+            store.add(progress_key(f"applied/{v}"), 1)
             stall = bridge.last_apply_s + (rec.transfer_s if (rec is not None and not staging) else 0.0)
             records.append({
                 "mode": mode, "version": v, "verified": not bad, "problems": bad, "stall_s": stall,

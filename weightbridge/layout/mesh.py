@@ -14,6 +14,8 @@ fsdp2      tp, cp, dp, dp_replicate (DeviceMesh order     -
 engine     tp, pp   (vLLM: rank = pp*tp + tp)             ep (1 or tp), etp = tp / ep
 sglang     tp, pp   (as engine)                          ep (any divisor of tp), etp = tp / ep
 hf         dp (identical replicas)                       -
+custom     the spec's ``axes:`` in the order given          -
+           (a side with ``preset: none``)
 =========  ===========================================  =====================================
 
 Pure; no torch.
@@ -65,9 +67,13 @@ class MeshFamily:
         allowed = set(self.user_axes) | {a for a, _ in self.defaults}
         for axis in mesh:
             if axis not in allowed:
-                out.append(
-                    MeshProblem(axis, f"unknown mesh axis {axis!r} for a {self.name} layout", f"use {', '.join(sorted(allowed))}")
-                )
+                if self.name == CUSTOM:
+                    declared = ", ".join(self.user_axes) or "none"
+                    out.append(MeshProblem(axis, f"mesh axis {axis!r} is not among the declared axes ({declared})",
+                                           "add it to the side's axes: (rank order, fastest first) or remove it"))
+                else:
+                    out.append(MeshProblem(axis, f"unknown mesh axis {axis!r} for a {self.name} layout",
+                                           f"use {', '.join(sorted(allowed))}"))
         if out:
             return out
         s = self.sizes(mesh)
@@ -107,6 +113,16 @@ class MeshFamily:
             c["ep"] = c["tp"] // s["etp"]
             c["etp"] = c["tp"] % s["etp"]
         return c
+
+
+CUSTOM = "custom"
+
+
+def custom_family(axes: tuple[str, ...] | list[str]) -> MeshFamily:
+    """The mesh family of a side that declares its own ``axes`` (fastest-varying first):
+    rank = c[a0] + s[a0] * (c[a1] + s[a1] * (c[a2] + ...)), no derived axes. An axis named ``pp``
+    is the pipeline axis; ``ep`` owns ``{expert}`` by default, as in every family."""
+    return MeshFamily(CUSTOM, tuple(axes))
 
 
 FAMILIES: dict[str, MeshFamily] = {

@@ -19,7 +19,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from weightbridge.layout.expand import Origin
 from weightbridge.layout.mesh import FAMILIES, MeshFamily
 from weightbridge.layout.rules import Rule
 
@@ -58,9 +57,6 @@ class Preset(BaseModel):
     params: dict[str, Any]
     pipeline: PipelinePlacement
     rules: tuple[Rule, ...]
-
-    def rules_with_origins(self) -> list[tuple[Rule, Origin]]:
-        return [(r, Origin("preset", i, self.name)) for i, r in enumerate(self.rules)]
 
 
 def _read(name: str) -> PresetFile:

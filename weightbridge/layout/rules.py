@@ -15,13 +15,18 @@ A rule names a local tensor (a template) and one *body*:
 
 ``stack`` adds a leading dim over experts (vLLM/SGLang fused ``w13``/``w2``). The
 resulting IR is documented in ``weightbridge.layout.ir``. Pure; no torch.
+
+``shard`` also takes a shorthand for tensor parallelism over the ``tp`` axis:
+``shard: column`` = ``[{dim: 0, axis: tp}]`` (a column-parallel linear: output rows, and its
+bias) and ``shard: row`` = ``[{dim: 1, axis: tp}]`` (a row-parallel linear: input columns; its
+bias is replicated, so give it no ``shard``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 IntExpr = int | str  # an integer or an expression over params and mesh sizes (weightbridge.layout.expr)
 
@@ -47,6 +52,31 @@ class ShardOp(_Strict):
     uneven: bool = Field(default=False, description="Allow torch.chunk-style uneven chunks (FSDP2); else sizes must divide.")
 
 
+# ``shard: column`` / ``shard: row``: tensor parallelism over the ``tp`` axis (dim, axis).
+SHARD_SHORTHANDS: dict[str, tuple[int, str]] = {"column": (0, "tp"), "row": (1, "tp")}
+
+
+def _expand_shard(value: Any) -> Any:
+    """``"column"`` / ``"row"`` -> the shard steps they stand for; anything else is left for pydantic."""
+    if isinstance(value, str) and value in SHARD_SHORTHANDS:
+        dim, axis = SHARD_SHORTHANDS[value]
+        return [{"dim": dim, "axis": axis}]
+    return value
+
+
+def _shard_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of ``shard``: a list of steps, or one of the shorthands."""
+    steps = {k: schema.pop(k) for k in ("type", "items") if k in schema}
+    schema["anyOf"] = [steps, {"type": "string", "enum": sorted(SHARD_SHORTHANDS)}]
+
+
+ShardSteps = Annotated[list[ShardOp], BeforeValidator(_expand_shard)]
+_SHARD_DOC = (
+    "Shard steps, applied in order; or a shorthand over the tp axis: 'column' = [{dim: 0, axis: tp}] "
+    "(column-parallel linear), 'row' = [{dim: 1, axis: tp}] (row-parallel linear)."
+)
+
+
 class PadOp(_Strict):
     """Pad dim ``dim`` up to a multiple; padded elements map to nothing (vocab padding)."""
 
@@ -59,7 +89,7 @@ class Part(_Strict):
 
     canonical: str = Field(description="Canonical (HF checkpoint) name template, e.g. model.layers.{layer}.mlp.up_proj.weight")
     pad: PadOp | None = None
-    shard: list[ShardOp] = Field(default_factory=list)
+    shard: ShardSteps = Field(default_factory=list, description=_SHARD_DOC, json_schema_extra=_shard_schema)
     transpose: bool = Field(default=False, description="The local tensor stores this part transposed (2-D).")
 
 
@@ -89,7 +119,7 @@ class Rule(_Strict):
     # --- body: exactly one of canonical / concat / interleave
     canonical: str | None = None
     pad: PadOp | None = None
-    shard: list[ShardOp] = Field(default_factory=list)
+    shard: ShardSteps = Field(default_factory=list, description=_SHARD_DOC, json_schema_extra=_shard_schema)
     transpose: bool = False
     concat: Concat | None = None
     interleave: Interleave | None = None

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 GLOBAL_VARS = ("layer", "expert")
-LOCAL_VARS = ("local_layer", "local_expert")
 WHOLE = "*"
 _VAR = re.compile(r"\{([a-z_*]+)\}")
 _DIGITS = re.compile(r"\d+")

@@ -9,10 +9,12 @@ Usage::
     problems = validate_plan(plan, trainer, rollout)   # every problem at once
     metrics = plan_metrics(plan, trainer, rollout, network=PRESETS["h100"])
 
-See ``docs/planner.md`` for the algorithm, the wire order and the cost model.
+See ``docs/planner.md`` for the algorithm, the wire order and the cost model; ``build_plan``'s
+steps are one module each (``weightbridge/plan/build.py`` lists them).
 """
 
 from weightbridge.plan.build import build_plan
+from weightbridge.plan.errors import PlanError
 from weightbridge.plan.metrics import plan_metrics
 from weightbridge.plan.network import PRESETS, NetworkModel, NetworkSpec, network_model
 from weightbridge.plan.types import (
@@ -32,6 +34,7 @@ __all__ = [
     "LocalCopy",
     "NetworkModel",
     "NetworkSpec",
+    "PlanError",
     "PlanProblem",
     "Round",
     "TransferItem",

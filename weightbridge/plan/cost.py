@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from weightbridge.layout.box import box_numel
 from weightbridge.layout.ir import SideLayout, dtype_bytes
+from weightbridge.plan.instances import group_instances
 from weightbridge.plan.network import NetworkModel
 from weightbridge.plan.types import ROLLOUT, TRAINER, TransferPlan
 
@@ -35,25 +36,29 @@ def node(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
     return ("node", rank // net.ranks_per_node) if net.colocated else (side, rank // net.ranks_per_node)
 
 
-class _Links:
-    """Accumulates per-GPU bytes on (NIC out, NIC in, intra out, intra in) and message counts."""
+class Links:
+    """Per-GPU bytes on (NIC out, NIC in, intra-node out, intra-node in) and message counts.
 
-    def __init__(self, net: NetworkModel):
+    The one implementation of the link model: :func:`flows_seconds` (the receiver
+    de-replication estimate) and :func:`price` (a plan, round by round) both add to it.
+    """
+
+    def __init__(self, net: NetworkModel, placement: dict | None = None):
         self.net = net
         self.nic_out: dict = {}
         self.nic_in: dict = {}
         self.nv_out: dict = {}
         self.nv_in: dict = {}
         self.msgs: dict = {}
-        self._where: dict = {}
+        self.placement: dict = {} if placement is None else placement  # (side, rank) -> (gpu, node), cached
 
     def _at(self, side: str, rank: int) -> tuple:
-        w = self._where.get((side, rank))
+        w = self.placement.get((side, rank))
         if w is None:
-            w = self._where[(side, rank)] = (gpu(side, rank, self.net), node(side, rank, self.net))
+            w = self.placement[(side, rank)] = (gpu(side, rank, self.net), node(side, rank, self.net))
         return w
 
-    def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: int, messages: int = 1) -> None:
+    def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: float, messages: int = 1) -> None:
         gs, ns = self._at(src_side, s)
         gr, nr = self._at(dst_side, r)
         if ns == nr:
@@ -65,19 +70,28 @@ class _Links:
         self.msgs[gs] = self.msgs.get(gs, 0) + messages
         self.msgs[gr] = self.msgs.get(gr, 0) + messages
 
+    def add_bytes_of(self, other: Links) -> None:
+        """Add ``other``'s bytes (not its messages) to this one's."""
+        for src, dst in ((other.nic_out, self.nic_out), (other.nic_in, self.nic_in),
+                         (other.nv_out, self.nv_out), (other.nv_in, self.nv_in)):
+            for k, v in src.items():
+                dst[k] = dst.get(k, 0) + v
+
     def wire_seconds(self) -> float:
+        """Seconds of the busiest link and direction: bytes / bandwidth."""
         net = self.net
         nic = max([0, *self.nic_out.values(), *self.nic_in.values()]) / net.nic_bytes_per_s
         nv = max([0, *self.nv_out.values(), *self.nv_in.values()]) / net.intra_node_bytes_per_s
         return max(nic, nv)
 
     def latency_seconds(self) -> float:
+        """Message latency times the most messages any GPU sends or receives."""
         return max([0, *self.msgs.values()]) * self.net.message_latency_s
 
 
 def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
     """Lower-bound seconds of a set of flows moved at once (no latency)."""
-    links = _Links(net)
+    links = Links(net)
     for f in flows:
         links.add(*f)
     return links.wire_seconds()
@@ -85,54 +99,16 @@ def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
 
 def price(plan: TransferPlan, net: NetworkModel) -> tuple[float, float]:
     """``(predicted_seconds, lower_bound_seconds)`` of ``plan`` (formulas in the module docstring)."""
-    info: dict[tuple[str, int], tuple[tuple[str, int], tuple[str, int]]] = {}
-
-    def where(side: str, rank: int) -> tuple[tuple[str, int], tuple[str, int]]:
-        w = info.get((side, rank))
-        if w is None:
-            w = info[(side, rank)] = (gpu(side, rank, net), node(side, rank, net))
-        return w
-
-    tot_nic_out: dict = {}
-    tot_nic_in: dict = {}
-    tot_nv_out: dict = {}
-    tot_nv_in: dict = {}
+    total = Links(net)
     predicted = 0.0
     for r in plan.rounds:
-        nic_out: dict = {}
-        nic_in: dict = {}
-        nv_out: dict = {}
-        nv_in: dict = {}
-        msgs: dict = {}
+        links = Links(net, total.placement)  # placement is the same in every round
+        add = links.add
         for b in r.buckets:
-            gs, ns = where(b.src_side, b.sender)
-            gr, nr = where(ROLLOUT, b.receiver)
-            n = b.nbytes
-            if ns == nr:
-                nv_out[gs] = nv_out.get(gs, 0) + n
-                nv_in[gr] = nv_in.get(gr, 0) + n
-            else:
-                nic_out[gs] = nic_out.get(gs, 0) + n
-                nic_in[gr] = nic_in.get(gr, 0) + n
-            msgs[gs] = msgs.get(gs, 0) + 1
-            msgs[gr] = msgs.get(gr, 0) + 1
-        nic = max([0, *nic_out.values(), *nic_in.values()]) / net.nic_bytes_per_s
-        nv = max([0, *nv_out.values(), *nv_in.values()]) / net.intra_node_bytes_per_s
-        predicted += max(nic, nv) + max([0, *msgs.values()]) * net.message_latency_s
-        for src, dst in ((nic_out, tot_nic_out), (nic_in, tot_nic_in), (nv_out, tot_nv_out), (nv_in, tot_nv_in)):
-            for k, v in src.items():
-                dst[k] = dst.get(k, 0) + v
-    nic = max([0, *tot_nic_out.values(), *tot_nic_in.values()]) / net.nic_bytes_per_s
-    nv = max([0, *tot_nv_out.values(), *tot_nv_in.values()]) / net.intra_node_bytes_per_s
-    return predicted, max(nic, nv)
-
-
-def predicted_seconds(plan: TransferPlan, net: NetworkModel) -> float:
-    return price(plan, net)[0]
-
-
-def lower_bound_seconds(plan: TransferPlan, net: NetworkModel) -> float:
-    return price(plan, net)[1]
+            add(b.src_side, b.sender, ROLLOUT, b.receiver, b.nbytes)
+        predicted += links.wire_seconds() + links.latency_seconds()
+        total.add_bytes_of(links)
+    return predicted, total.wire_seconds()
 
 
 # ---------------------------------------------------------------------------
@@ -166,8 +142,6 @@ def baseline(trainer: SideLayout, rollout: SideLayout, net: NetworkModel) -> Bas
     tensor in full and slices its part). Element size: the rollout's local dtype.
     """
     # canonical name -> (numel, element size) of the full tensor, from the rollout side
-    from weightbridge.plan.build import group_instances
-
     esize: dict[str, int] = {}
     for lay in (x for tpl in group_instances(rollout) for x in tpl.layouts):  # identical instances once
         for t in lay.tensors:

@@ -1,4 +1,4 @@
-"""Planner geometry on top of :mod:`weightbridge.layout.box`: fast piece mapping, subtraction, row splits.
+"""Planner geometry on top of :mod:`weightbridge.layout.box`: piece mapping, wire items, subtraction, row splits.
 
 All boxes are tuples of half-open ``(start, stop)`` pairs. The frame of every box
 is named in each docstring. Pure Python, no torch.
@@ -7,7 +7,8 @@ is named in each docstring. Pure Python, no torch.
 from __future__ import annotations
 
 from weightbridge.layout.box import Box, box_numel, box_shape, corresponding_sub, intersect
-from weightbridge.layout.ir import Piece
+from weightbridge.layout.ir import LocalTensor, Piece
+from weightbridge.plan.types import WireItem
 
 # (canonical box shape, local box shape) -> local dim index for each canonical dim, or None
 # when the two shapes are not the same after dropping unit dims.
@@ -156,4 +157,35 @@ def split_box(box: Box, max_numel: int) -> list[Box]:
         head = box[:d] + ((i, i + 1),)
         for sub in split_box(box[d + 1 :], max_numel):
             out.append(head + sub)
+    return out
+
+
+def make_items(
+    name: str, box: Box, st: LocalTensor, sp: Piece, dt: LocalTensor, dp: Piece, dtype: str, esize: int
+) -> list[WireItem]:
+    """Items moving ``box`` (canonical frame) from piece ``sp`` of ``st`` to piece ``dp`` of ``dt``.
+
+    One item unless ``box`` is not a single box in one of the local frames; then it is cut
+    into parts that are boxes in both.
+    """
+    if box == sp.canonical_box and box == dp.canonical_box:
+        return [WireItem(name, box, st.name, sp.local_box, sp.transpose, dt.name, dp.local_box, dp.transpose, dtype,
+                         box_numel(box) * esize)]
+    out: list[WireItem] = []
+
+    def emit(c: Box) -> None:
+        s = map_to_local(c, sp)
+        if len(s) > 1:
+            for cc, _ in s:
+                emit(cc)
+            return
+        d = map_to_local(c, dp)
+        if len(d) > 1:
+            for cc, _ in d:
+                emit(cc)
+            return
+        out.append(WireItem(name, c, st.name, s[0][1], sp.transpose, dt.name, d[0][1], dp.transpose, dtype,
+                            box_numel(c) * esize))
+
+    emit(box)
     return out

@@ -28,12 +28,12 @@ DeepSeek-V3 plan small. :meth:`TransferPlan.items` yields the flat
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from weightbridge.layout.box import Box, format_box
+from weightbridge.plan.hashing import plan_hash
 
 TRAINER = "trainer"
 ROLLOUT = "rollout"
@@ -130,7 +130,13 @@ class PlanProblem(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class TransferPlan:
-    """The plan of one weight update. Equality and hash go by :attr:`plan_hash`."""
+    """The plan of one weight update. Equality and hash go by :attr:`plan_hash`.
+
+    ``plan_hash`` is computed from the other fields when the plan is made (also by
+    ``dataclasses.replace``), never passed in: it covers the rounds, the local copies and every
+    field up to ``min_wire_bytes``; ``max_sender_bytes_bound`` and ``notes`` describe the plan and
+    are not hashed.
+    """
 
     rounds: tuple[Round, ...]
     local_copies: tuple[LocalCopy, ...]
@@ -140,9 +146,12 @@ class TransferPlan:
     receiver_dedup: bool  # whether rollout instances complete shards among themselves
     min_wire_bytes: int  # sum over receivers of the bytes each needs
     max_sender_bytes_bound: int  # no plan of these layouts has a busiest sender below this
-    plan_hash: str = ""
     notes: tuple[str, ...] = ()  # decisions worth printing (e.g. why receiver de-replication is off)
-    planning_seconds: float = field(default=0.0, compare=False)
+    plan_hash: str = field(init=False)  # sha256 hex of the content (weightbridge.plan.hashing)
+
+    def __post_init__(self) -> None:
+        header = (self.round_bytes, self.num_senders, self.num_receivers, self.receiver_dedup, self.min_wire_bytes)
+        object.__setattr__(self, "plan_hash", plan_hash(header, self.rounds, self.local_copies))
 
     # -- views -------------------------------------------------------------
     @property
@@ -195,15 +204,6 @@ class TransferPlan:
         for r in self.rounds:
             for b in r.buckets:
                 out[b.receiver] = out.get(b.receiver, 0) + b.nbytes
-        return out
-
-    def for_rank(self, side: str, rank: int) -> list[tuple[int, Bucket]]:
-        """The buckets ``rank`` of ``side`` sends or receives, as ``(round, bucket)`` in order."""
-        out = []
-        for r in self.rounds:
-            for b in r.buckets:
-                if (b.src_side == side and b.sender == rank) or (side == ROLLOUT and b.receiver == rank):
-                    out.append((r.index, b))
         return out
 
     # -- identity ----------------------------------------------------------
@@ -270,6 +270,3 @@ class TransferPlan:
             ],
             "local_copies": [list(c) for c in self.local_copies],
         }
-
-    def to_json_str(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"))

@@ -1,6 +1,9 @@
 """``validate_plan``: an independent pass that reports every problem of a plan at once.
 
-It trusts nothing the builder computed: every item is re-derived from the layouts.
+It trusts nothing the builder computed: every item is re-derived from the layouts. The one
+planner module it shares is :mod:`weightbridge.plan.instances` (a pure function of the rollout
+layout, not a builder result): instances with identical layouts answer identically, so each
+bucket's checks are memoised per template slot.
 
 Checks (``PlanProblem.kind``):
 
@@ -26,6 +29,7 @@ import gc
 from weightbridge.layout.box import Box, box_numel, contains, format_box, in_bounds, intersect
 from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, dtype_bytes
 from weightbridge.plan.geometry import map_to_local, subtract_all
+from weightbridge.plan.instances import group_instances, representatives
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan, WireItem
 
 
@@ -38,9 +42,10 @@ def _kind(dtype: str) -> str:
 
 
 class _Side:
-    def __init__(self, layout: SideLayout):
+    def __init__(self, layout: SideLayout, pieces: dict):
         self.ranks = {lay.rank: lay for lay in layout.ranks}
         self._tensors: dict[int, dict[str, LocalTensor]] = {}
+        self.pieces = pieces  # id(tensor) -> (tensor, canonical name -> its pieces), shared by both sides
 
     def tensor(self, rank: int, name: str) -> LocalTensor | None:
         d = self._tensors.get(rank)
@@ -52,23 +57,20 @@ class _Side:
         return d.get(name)
 
 
-_PIECES: dict[int, tuple[LocalTensor, dict[str, list]]] = {}  # per validate_plan call
-
-
 def _check_end(
-    t: LocalTensor | None, what: str, name: str, cbox: Box, lbox: Box, transpose: bool
+    t: LocalTensor | None, what: str, name: str, cbox: Box, lbox: Box, transpose: bool, pieces: dict
 ) -> list[tuple[str, str]]:
     if t is None:
         return [("unknown", f"{what} tensor does not exist")]
     out = []
     if not in_bounds(lbox, t.shape):
         out.append(("bounds", f"{what} box {format_box(lbox)} outside {t.name} {list(t.shape)}"))
-    idx = _PIECES.get(id(t))
+    idx = pieces.get(id(t))
     if idx is None or idx[0] is not t:
         by: dict[str, list] = {}
         for p in t.pieces:
             by.setdefault(p.canonical, []).append(p)
-        idx = _PIECES[id(t)] = (t, by)
+        idx = pieces[id(t)] = (t, by)
     for p in idx[1].get(name, ()):
         if p.transpose != transpose or not contains(p.canonical_box, cbox):
             continue
@@ -88,7 +90,6 @@ def validate_plan(
     try:
         return _validate(plan, trainer, rollout, canonical)
     finally:
-        _PIECES.clear()
         if was_enabled:
             gc.enable()
 
@@ -97,21 +98,15 @@ def _validate(
     plan: TransferPlan, trainer: SideLayout, rollout: SideLayout, canonical: CanonicalModel | None
 ) -> list[PlanProblem]:
     problems: list[PlanProblem] = []
-    sides = {TRAINER: _Side(trainer), ROLLOUT: _Side(rollout)}
+    pieces: dict = {}
+    sides = {TRAINER: _Side(trainer, pieces), ROLLOUT: _Side(rollout, pieces)}
     rsides = sides[ROLLOUT]
     # Instances with identical layouts answer identically: memoise per representative rank.
-    from weightbridge.plan.build import group_instances
-
-    rep: dict[int, int] = {}
-    for tpl in group_instances(rollout):
-        for ranks in tpl.ranks:
-            for slot, r in enumerate(ranks):
-                rep[r] = tpl.ranks[0][slot]
+    rep = representatives(group_instances(rollout))
     memo: dict[tuple, list[tuple[str, str]]] = {}
     tot_memo: dict[int, int] = {}
     exchanges: list[tuple[int, int, int, WireItem]] = []
     cap = plan.round_bytes
-    _PIECES.clear()
 
     def add(kind: str, msg: str) -> None:
         problems.append(PlanProblem(kind, msg))
@@ -197,10 +192,10 @@ def _validate(
     for c in plan.local_copies:
         st = rsides.tensor(c.rank, c.src_tensor)
         dt = rsides.tensor(c.rank, c.dst_tensor)
-        for kind, msg in _check_end(st, "copy source", c.canonical, c.canonical_box, c.src_box, c.src_transpose) + \
-                _check_end(dt, "copy target", c.canonical, c.canonical_box, c.dst_box, c.dst_transpose):
+        for kind, msg in _check_end(st, "copy source", c.canonical, c.canonical_box, c.src_box, c.src_transpose,
+                                    pieces) + \
+                _check_end(dt, "copy target", c.canonical, c.canonical_box, c.dst_box, c.dst_transpose, pieces):
             add(kind, f"local copy on rollout {c.rank}: {c.canonical}{format_box(c.canonical_box)}: {msg}")
-    _PIECES.clear()
     return problems
 
 
@@ -210,8 +205,8 @@ def _check_bucket(items, src: _Side, sender: int, rsides: _Side, receiver: int,
     for it in items:
         st = src.tensor(sender, it.src_tensor)
         dt = rsides.tensor(receiver, it.dst_tensor)
-        res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose)
-        res += _check_end(dt, "receiver", it.canonical, it.canonical_box, it.dst_box, it.dst_transpose)
+        res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose, src.pieces)
+        res += _check_end(dt, "receiver", it.canonical, it.canonical_box, it.dst_box, it.dst_transpose, rsides.pieces)
         if dt is not None and it.dtype != dt.dtype:
             res.append(("dtype", f"wire dtype {it.dtype} is not the receiver's {dt.dtype}"))
         if st is not None and dt is not None and _kind(st.dtype) != _kind(dt.dtype):

@@ -18,7 +18,7 @@ from itertools import product
 import torch
 
 from weightbridge.layout.ir import LocalTensor, Piece, RankLayout
-from weightbridge.transport.pack import dtype_name
+from weightbridge.tensors import dtype_name
 
 
 def _runs(idx: list[int]) -> list[tuple[int, int, int]]:

@@ -43,8 +43,7 @@ from weightbridge.layout.box import format_box
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, LocalTensor, Piece, RankLayout, layout_hash
 from weightbridge.probe.compress import IdSpace, compress, normalize_pieces
 from weightbridge.probe.encode import CodeBook, is_probe_dtype
-from weightbridge.transport.localrun import canonical_tensor
-from weightbridge.transport.pack import dtype_name, read_canonical, torch_dtype, write_canonical
+from weightbridge.tensors import canonical_tensor, dtype_name, read_canonical, torch_dtype, write_canonical
 
 LoadWeights = Callable[[Iterable[tuple[str, torch.Tensor]]], Any]
 Destinations = Callable[[], Mapping[str, torch.Tensor]]

@@ -1,8 +1,36 @@
-"""User-facing spec errors: ``file:line: $.json.path: message (hint)``."""
+"""User-facing spec errors: ``file:line: $.json.path: message (hint)``.
+
+Every user value a message echoes is bounded (:func:`excerpt`): a 5 MB glob or key comes back
+as its first ~200 characters plus ``... (N chars)``, never whole. :class:`SpecProblem` bounds
+its own fields as a last resort, so no caller can print an unbounded problem.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MAX_ECHO = 200  # characters of one echoed user value
+_MAX_FIELD = {"path": 400, "file": 240, "message": 2000, "hint": 1000}
+
+
+def excerpt(value: object, limit: int = MAX_ECHO) -> str:
+    """``str(value)``, or its first ``limit`` characters plus ``... (N chars)`` when longer."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars)"
+
+
+def show(value: object, limit: int = MAX_ECHO) -> str:
+    """``repr(value)`` bounded like :func:`excerpt` (a long string is cut before it is repr'd)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} chars)"
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 20:
+        return f"{type(value).__name__} of {len(value)} items"
+    try:
+        return excerpt(repr(value), limit)
+    except RecursionError:  # a self-referencing or very deep value
+        return f"<{type(value).__name__}>"
 
 
 @dataclass(frozen=True)
@@ -14,6 +42,12 @@ class SpecProblem:
     hint: str = ""
     file: str = "<spec>"
     line: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, limit in _MAX_FIELD.items():
+            value = getattr(self, name)
+            if isinstance(value, str) and len(value) > limit:
+                object.__setattr__(self, name, excerpt(value, limit))
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file

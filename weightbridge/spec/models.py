@@ -9,9 +9,10 @@ docs here are what editors show; the schema is regenerated with
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, model_validator
 
 from weightbridge.layout.ir import DTYPE_ALIASES, DTYPE_BYTES, normalize_dtype
 from weightbridge.layout.presets import PRESET_NAMES
@@ -19,6 +20,7 @@ from weightbridge.layout.rules import Rule
 from weightbridge.plan.network import NetworkSpec, PresetName
 
 SPEC_VERSION = 1
+NO_PRESET = "none"  # a side described by its own rules and mesh axes
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -53,6 +55,7 @@ ByteSize = Annotated[
 ]
 DTYPE_NAMES = sorted(set(DTYPE_BYTES) | set(DTYPE_ALIASES))
 DType = Annotated[str, BeforeValidator(_check_dtype), WithJsonSchema({"type": "string", "enum": DTYPE_NAMES})]
+AxisName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", description="A mesh axis name (an identifier rules and expressions use).")]
 
 
 class _Strict(BaseModel):
@@ -92,12 +95,27 @@ class PipelineSpec(_Strict):
 
 
 class SideSpec(_Strict):
-    """One side's layout: a preset, its mesh, and overrides."""
+    """One side's layout: a preset, its mesh, and overrides; or (``preset: none``) its own rules and axes."""
 
-    preset: Literal["hf", "megatron", "fsdp2", "vllm", "sglang"] = Field(description="Framework preset: " + ", ".join(PRESET_NAMES) + ".")
+    preset: Literal["none", "hf", "megatron", "fsdp2", "vllm", "sglang"] = Field(
+        description="Framework preset: " + ", ".join(PRESET_NAMES) + "; or none: no preset rules, only this side's "
+        "rules, on the mesh axes it declares (axes: or mesh_family:)."
+    )
+    axes: list[AxisName] | None = Field(
+        default=None,
+        description="With preset: none: this side's mesh axes in rank order, fastest-varying first ([tp, dp]: "
+        "rank = tp_coord + tp * dp_coord). An axis named pp is the pipeline axis (non-layer tensors on every stage "
+        "unless a rule gives stage:); ep owns {expert} by default.",
+    )
+    mesh_family: Literal["megatron", "fsdp2", "vllm", "sglang", "hf"] | None = Field(
+        default=None,
+        description="With preset: none: number ranks, derive axes (Megatron's etp/ep/edp, the engines' ep/etp), "
+        "split pipeline stages and place embeddings / final norm on them as this preset does; none of its rules.",
+    )
     mesh: dict[str, Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict,
-        description="Mesh sizes by axis: megatron tp/pp/dp/cp/ep/etp; fsdp2 dp/tp/cp/dp_replicate; vllm/sglang tp/pp/ep; hf dp.",
+        description="Mesh sizes by axis: megatron tp/pp/dp/cp/ep/etp; fsdp2 dp/tp/cp/dp_replicate; vllm/sglang tp/pp/ep; "
+        "hf dp; preset none: the declared axes. Axes not given are 1.",
     )
     instances: int = Field(default=1, ge=1, description="Identical engine instances (rollout side).")
     dtype: DType | None = Field(default=None, description="Dtype of local tensors (default: the canonical dtype).")
@@ -113,8 +131,73 @@ class SideSpec(_Strict):
     )
     rules: list[Rule] = Field(
         default_factory=list,
-        description="Rules added to the preset; a rule whose local template equals a preset rule's replaces it.",
+        description="Rules added to the preset; a rule whose local template equals a preset rule's replaces it. "
+        "With preset: none, the side's only rules.",
     )
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> SideSpec:
+        if info.context and info.context.get("located"):
+            return self  # the caller reports side_problems() at their own paths
+        problems = side_problems(self)
+        if problems:
+            raise ValueError("; ".join(message for _, message, _ in problems))
+        return self
+
+
+def side_problems(side: SideSpec | Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Cross-field problems of one side, each ``(field path under the side, message, hint)``.
+
+    Takes the raw mapping too (fields of the wrong type are ignored), so that these are reported
+    along with the side's schema errors."""
+    get = side.get if isinstance(side, Mapping) else lambda key: getattr(side, key, None)
+    preset, axes, family = get("preset"), get("axes"), get("mesh_family")
+    if not isinstance(axes, list):
+        axes = None if axes is None else []
+    out: list[tuple[str, str, str]] = []
+    if preset != NO_PRESET:
+        for key, value in (("axes", axes), ("mesh_family", family)):
+            if value is not None and isinstance(preset, str):
+                out.append((key, f"{key} goes with preset: none; the {preset} preset fixes its mesh axes",
+                            f"remove {key}, or write preset: none and this side's own rules"))
+        return out
+    if axes is None and family is None:
+        out.append(("preset", "preset: none needs the side's mesh axes: axes: [...] (rank order, fastest first) or mesh_family: NAME",
+                    "e.g. axes: [tp, dp] for rank = tp_coord + tp * dp_coord"))
+    elif axes is not None and family is not None:
+        out.append(("mesh_family", "give axes or mesh_family, not both", "axes declares your own rank order; mesh_family borrows a preset's"))
+    seen: set[str] = set()
+    for i, axis in enumerate(axes or ()):
+        if isinstance(axis, str) and axis in seen:
+            out.append((f"axes[{i}]", f"axis {axis!r} is declared twice", "each axis once, fastest-varying first"))
+        seen.add(axis)
+    return out
+
+
+MIN_ROUND_BYTES = 4096  # below a page, rounds are pure overhead (and the planner cuts units of round_bytes/4)
+RoundBytes = Annotated[
+    int,
+    BeforeValidator(parse_bytes),
+    Field(ge=MIN_ROUND_BYTES),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": MIN_ROUND_BYTES}, {"type": "string", "pattern": BYTES_PATTERN}],
+            "description": f"Bytes, at least {MIN_ROUND_BYTES} (4KiB): an integer or a size such as '256MiB', '1GB'.",
+        }
+    ),
+]
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``on`` / ``off`` as a boolean: take it as the word."""
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+OnOffAuto = Annotated[
+    Literal["auto", "on", "off"],
+    BeforeValidator(_on_off),
+    WithJsonSchema({"anyOf": [{"type": "string", "enum": ["auto", "on", "off"]}, {"type": "boolean"}]}),
+]
 
 
 class SyncSpec(_Strict):
@@ -122,9 +205,39 @@ class SyncSpec(_Strict):
 
     mode: Literal["sync", "async", "colocated"] = "sync"
     max_staleness: int = Field(default=1, ge=0, description="async: how many versions the trainer may run ahead.")
-    round_bytes: ByteSize = Field(default=1 << 30, description="Per-rank cap on wire-buffer bytes in one round.")
+    round_bytes: RoundBytes = Field(default=1 << 30, description="Per-rank cap on wire-buffer bytes in one round (at least 4KiB).")
     transport: Literal["auto", "nccl", "gloo"] = "auto"
     timeout_s: float = Field(default=300.0, gt=0, description="Deadline of every wait, in seconds.")
+    # Settings every rank must agree on: in the spec, so the spec hash (checked at the handshake) covers them.
+    checksums: bool = Field(
+        default=False,
+        description="Append a checksum to every bucket and verify it on receipt: a corrupted update raises "
+        "ChecksumError (staged receivers keep the previous version, in-place ones report torn).",
+    )
+    receiver_dedup: OnOffAuto = Field(
+        default="auto",
+        description="Receiver de-replication: rollout instances forward replicated pieces to each other instead of "
+        "each receiving them from the trainer; auto: as the cost model decides.",
+    )
+    heartbeat_s: float = Field(
+        default=1.0, gt=0,
+        description="Heartbeat period in seconds; a rank silent for max(10 x heartbeat_s, 3 s) is declared dead.",
+    )
+    min_instances: int | None = Field(
+        default=None, ge=1,
+        description="Complete, live rollout instances every push waits for (default: all of rollout.instances). "
+        "Fewer than all: late instances join a later push and a dead one is dropped.",
+    )
+    staging: bool | None = Field(
+        default=None,
+        description="Rollout ranks receive into a staging copy (true: 2x memory, the engine serves the old version "
+        "until apply()) or in place (false: inside poll(), the rank is torn meanwhile). Default: true in async mode, "
+        "false otherwise. A rank may override it (RolloutBridge.from_spec(staging=...)).",
+    )
+
+    def staged(self) -> bool:
+        """Whether rollout ranks receive into a staging copy: ``staging``, else ``mode == "async"``."""
+        return self.staging if self.staging is not None else self.mode == "async"
 
 
 class Spec(_Strict):
@@ -136,5 +249,5 @@ class Spec(_Strict):
     rollout: SideSpec
     sync: SyncSpec = Field(default_factory=SyncSpec)
     network: PresetName | NetworkSpec | None = Field(
-        default=None, description="Network for the cost model: a preset name (h100, h200, cpu-gloo) or fields (docs/planner.md)."
+        default=None, description="Network for the cost model: a preset name (h100, h200, cpu-gloo) or fields (`weightbridge docs planner`)."
     )

@@ -7,7 +7,7 @@ pass rejected):
 2. the JSON Schema (``weightbridge.spec.schema``);
 3. the pydantic models, per section (cross-field checks);
 4. the canonical model source;
-5. rule expansion per side (mesh axes, divisibility, templates, dtypes, tiling);
+5. rule expansion per side (mesh axes, divisibility, templates, dtypes, tiling; :mod:`.sides`);
 6. coverage: every canonical tensor held by the trainer and by each rollout instance.
 
 Every problem is a :class:`~weightbridge.spec.errors.SpecProblem` with file, line
@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,17 +27,13 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
-from weightbridge.layout.coverage import tiling_problems, uncovered
-from weightbridge.layout.expand import ExpandProblem, Origin, SideConfig, expand_side
 from weightbridge.layout.ir import CanonicalModel, SideLayout
-from weightbridge.layout.normalize import layout_fingerprint
-from weightbridge.layout.presets import load_preset, merge_rules
-from weightbridge.layout.templates import skeleton
 from weightbridge.plan.network import NetworkSpec
-from weightbridge.spec.errors import SpecErrors, SpecProblem
-from weightbridge.spec.models import BYTES_PATTERN, ModelSource, SideSpec, Spec, SyncSpec
+from weightbridge.spec.errors import SpecErrors, SpecProblem, excerpt, show
+from weightbridge.spec.models import BYTES_PATTERN, NO_PRESET, ModelSource, SideSpec, Spec, SyncSpec, side_problems
 from weightbridge.spec.schema import spec_schema
-from weightbridge.spec.yaml_source import YamlSource, YamlSyntaxError, child_path, load_yaml
+from weightbridge.spec.sides import Collector, round_bytes_problem, side_pass, world_problem
+from weightbridge.spec.yaml_source import MAX_TEXT_CHARS, YamlSyntaxError, child_path, load_yaml
 
 SIDES = ("trainer", "rollout")
 
@@ -64,22 +61,6 @@ class ResolvedSpec:
         return self.trainer if name == "trainer" else self.rollout
 
 
-class _Collector:
-    def __init__(self, src: YamlSource) -> None:
-        self.src = src
-        self.problems: list[SpecProblem] = []
-        self.bad_paths: list[str] = []
-
-    def add(self, path: str, message: str, hint: str = "", line: int | None = None) -> None:
-        p = SpecProblem(path, message, hint, self.src.file, line if line is not None else self.src.line_of(path))
-        if p not in self.problems:
-            self.problems.append(p)
-        self.bad_paths.append(path)
-
-    def section_ok(self, path: str) -> bool:
-        return not any(b == path or b.startswith(path + ".") or b.startswith(path + "[") for b in self.bad_paths)
-
-
 def resolve_spec(path: str | Path) -> ResolvedSpec:
     """Load, validate and expand the spec at ``path``; raise :class:`SpecErrors` listing every problem."""
     resolved, problems = check_spec(path)
@@ -88,13 +69,57 @@ def resolve_spec(path: str | Path) -> ResolvedSpec:
     return resolved
 
 
+def load_spec(spec: str | os.PathLike[str] | ResolvedSpec) -> ResolvedSpec:
+    """The resolved spec from a spec file's path, spec YAML text, or a :class:`ResolvedSpec`
+    (returned as is). Public as ``weightbridge.load_spec``; what every ``from_spec`` calls.
+
+    A ``str`` is YAML text when it spans lines, or is one line that names no file and looks
+    like YAML rather than a path (``{version: 1, ...}``); otherwise it is a path. Relative model
+    paths resolve against the spec file's directory (text: the working directory). Raises
+    :class:`SpecErrors` listing every problem (an unreadable file is one of them).
+    """
+    if isinstance(spec, ResolvedSpec):
+        return spec
+    if isinstance(spec, str) and _is_spec_text(spec):
+        resolved, problems = check_text(spec, "<spec>")
+        if problems or resolved is None:
+            raise SpecErrors(problems)
+        return resolved
+    return resolve_spec(os.fspath(spec))
+
+
+def _is_spec_text(text: str) -> bool:
+    if "\n" in text:
+        return True
+    try:
+        if Path(text).is_file():
+            return False
+    except (OSError, ValueError):  # too long for a file name, a NUL byte: not a path
+        return True
+    looks_like_path = text.lower().endswith((".yaml", ".yml", ".json")) or ":" not in text
+    return not looks_like_path
+
+
 def check_spec(path: str | Path) -> tuple[ResolvedSpec | None, list[SpecProblem]]:
     """Like :func:`resolve_spec` but returns ``(resolved or None, problems)``."""
     path = Path(path)
+    shown = excerpt(str(path))
     try:
-        text = path.read_text()
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_TEXT_CHARS + 1)  # never more: /dev/zero is not a spec
+    except ValueError:  # an embedded NUL byte
+        return None, [SpecProblem("$", "cannot read spec: the path contains a NUL byte", file=shown)]
     except OSError as exc:
-        return None, [SpecProblem("$", f"cannot read spec: {exc.strerror or exc}", file=str(path))]
+        return None, [SpecProblem("$", f"cannot read spec: {exc.strerror or exc}", file=shown)]
+    if len(raw) > MAX_TEXT_CHARS:
+        too_big = f"spec file is larger than {MAX_TEXT_CHARS:,} bytes"
+        return None, [SpecProblem("$", too_big, "a spec is a few KiB of YAML", shown)]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        return None, [SpecProblem("$", f"spec is not UTF-8 text: byte 0x{raw[exc.start]:02x} cannot be decoded",
+                                  "a spec is YAML text: save it as UTF-8", shown, line)]
     return check_text(text, str(path), base_dir=path.parent)
 
 
@@ -103,12 +128,12 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
     try:
         src = load_yaml(text, file)
     except YamlSyntaxError as exc:
-        return None, [SpecProblem("$", str(exc), "fix the YAML syntax", file, exc.line)]
-    col = _Collector(src)
+        return None, [SpecProblem("$", str(exc), exc.hint, file, exc.line)]
+    col = Collector(src)
     for dup_path, line in src.duplicates:
         col.add(dup_path, "duplicate key", "YAML keeps only the last one; remove the other", line)
     if not isinstance(src.data, dict):
-        col.add("$", "a spec must be a mapping", "start from spec/examples/*.yaml")
+        col.add("$", "a spec must be a mapping", "start from an example spec: `weightbridge examples`")
         return None, col.problems
     _schema_pass(src.data, col)
     sections = _model_pass(src.data, col)
@@ -117,10 +142,23 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
     if canonical is not None:
         for side in SIDES:
             spec_side = sections.get(side)
-            if isinstance(spec_side, SideSpec):
-                lay = _side_pass(side, spec_side, canonical, col)
+            if isinstance(spec_side, SideSpec) and col.section_ok(f"$.{side}"):
+                too_big = world_problem(side, spec_side)
+                if too_big is not None:
+                    col.add(*too_big)
+                    continue
+                lay = side_pass(side, spec_side, canonical, col)
                 if lay is not None:
                     layouts[side] = lay
+    sync = sections.get("sync")
+    if "rollout" in layouts and isinstance(sync, SyncSpec):
+        too_fine = round_bytes_problem(layouts["rollout"], sync.round_bytes)
+        if too_fine is not None:
+            col.add("$.sync.round_bytes", *too_fine)
+    rollout = sections.get("rollout")
+    if isinstance(sync, SyncSpec) and isinstance(rollout, SideSpec) and (sync.min_instances or 0) > rollout.instances:
+        col.add("$.sync.min_instances", f"min_instances {sync.min_instances} exceeds rollout.instances "
+                f"({rollout.instances})", "at most the spec's rollout instances (omit it: all of them)")
     if col.problems:
         return None, sorted(col.problems, key=lambda p: (p.line or 0, p.path))
     spec = Spec.model_validate(src.data)
@@ -131,7 +169,7 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
 # ---- pass 2: JSON Schema --------------------------------------------------------------------
 
 
-def _schema_pass(data: dict[str, Any], col: _Collector) -> None:
+def _schema_pass(data: dict[str, Any], col: Collector) -> None:
     validator = jsonschema.Draft202012Validator(spec_schema())
     for err in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         path = "$"
@@ -140,36 +178,42 @@ def _schema_pass(data: dict[str, Any], col: _Collector) -> None:
         _report_schema_error(err, path, col)
 
 
-def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Collector) -> None:
+def _report_schema_error(err: jsonschema.ValidationError, path: str, col: Collector) -> None:
     v = err.validator
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = [k for k in err.instance if k not in allowed] if isinstance(err.instance, dict) else []
         for key in extra:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
+            close = difflib.get_close_matches(str(key)[:100], allowed, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
-            col.add(child_path(path, key), f"unknown key {key!r}", hint)
+            col.add(child_path(path, key), f"unknown key {show(key)}", hint)
         return
     if v == "required":
-        col.add(path, err.message.replace("is a required property", "is required"), "add it; see spec/examples/")
+        col.add(path, err.message.replace("is a required property", "is required"), "add it; see the example specs: `weightbridge examples`")
         return
     if v == "enum":
         options = [str(o) for o in err.validator_value]
-        close = difflib.get_close_matches(str(err.instance), options, n=1)
+        close = difflib.get_close_matches(str(err.instance)[:100], options, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "one of: " + ", ".join(options)
-        col.add(path, f"{err.instance!r} is not allowed here", hint)
+        col.add(path, f"{show(err.instance)} is not allowed here", hint)
         return
     if v == "const":
-        col.add(path, f"{err.instance!r} must be {err.validator_value!r}", "")
+        col.add(path, f"{show(err.instance)} must be {err.validator_value!r}", "")
         return
     if v == "type":
         want = err.validator_value
-        col.add(path, f"expected {want if isinstance(want, str) else ' or '.join(want)}, got {type(err.instance).__name__} {err.instance!r}")
+        col.add(path, f"expected {want if isinstance(want, str) else ' or '.join(want)}, got {type(err.instance).__name__} {show(err.instance)}")
         return
     if v in ("anyOf", "oneOf"):
         forms = err.schema.get("anyOf", []) + err.schema.get("oneOf", [])
         if any(f.get("pattern") == BYTES_PATTERN for f in forms):
-            col.add(path, f"{err.instance!r} is not a byte size", "an integer or a size such as '256MiB'")
+            low = min((f["minimum"] for f in forms if "minimum" in f), default=None)
+            number = isinstance(err.instance, (int, float)) and not isinstance(err.instance, bool)
+            if low is not None and number and err.instance < low:
+                col.add(path, f"{show(err.instance)} is below the minimum of {low} bytes",
+                        f"use at least {low}, e.g. '64MiB'")
+                return
+            col.add(path, f"{show(err.instance)} is not a byte size", "an integer or a size such as '256MiB'")
             return
         context = list(err.context or [])
         deep = [e for e in context if list(e.relative_path)]  # the branch whose type matched went deeper
@@ -191,17 +235,17 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: _Colle
             return
         types = sorted({str(t) for e in context if e.validator == "type" for t in ([e.validator_value] if isinstance(e.validator_value, str) else e.validator_value)})
         if types:
-            col.add(path, f"expected {' or '.join(types)}, got {type(err.instance).__name__} {err.instance!r}")
+            col.add(path, f"expected {' or '.join(types)}, got {type(err.instance).__name__} {show(err.instance)}")
             return
-        col.add(path, f"{err.instance!r} does not match any allowed form")
+        col.add(path, f"{show(err.instance)} does not match any allowed form")
         return
-    col.add(path, err.message)
+    col.add(path, excerpt(err.message, 400))
 
 
 # ---- pass 3: pydantic per section ------------------------------------------------------------
 
 
-def _model_pass(data: dict[str, Any], col: _Collector) -> dict[str, BaseModel]:
+def _model_pass(data: dict[str, Any], col: Collector) -> dict[str, BaseModel]:
     out: dict[str, BaseModel] = {}
     models: dict[str, type[BaseModel]] = {"model": ModelSource, "trainer": SideSpec, "rollout": SideSpec, "sync": SyncSpec}
     if isinstance(data.get("network"), dict):
@@ -211,16 +255,20 @@ def _model_pass(data: dict[str, Any], col: _Collector) -> dict[str, BaseModel]:
         if key not in data or not col.section_ok(path):
             continue
         try:
-            out[key] = cls.model_validate(data[key])
+            out[key] = cls.model_validate(data[key], context={"located": True})  # cross-field checks below
         except ValidationError as exc:
             for e in exc.errors():
                 sub = path
                 for part in e["loc"]:
                     sub = child_path(sub, part)
                 col.add(sub, e["msg"].removeprefix("Value error, "))
+    for side in SIDES:
+        if isinstance(data.get(side), dict):  # also when the side has schema errors: report everything at once
+            for field, message, hint in side_problems(data[side]):
+                col.add(f"$.{side}.{field}", message, hint)
     rollout = out.get("rollout")
-    if isinstance(rollout, SideSpec) and rollout.preset not in ("vllm", "sglang", "hf"):
-        col.add("$.rollout.preset", f"{rollout.preset!r} is a trainer preset", "rollout presets: vllm, sglang, hf")
+    if isinstance(rollout, SideSpec) and rollout.preset not in ("vllm", "sglang", "hf", NO_PRESET):
+        col.add("$.rollout.preset", f"{rollout.preset!r} is a trainer preset", "rollout presets: vllm, sglang, hf (or none: your own rules)")
     trainer = out.get("trainer")
     if isinstance(trainer, SideSpec) and trainer.instances != 1:
         col.add("$.trainer.instances", "the trainer is one instance", "use mesh dp for data-parallel replicas")
@@ -230,7 +278,7 @@ def _model_pass(data: dict[str, Any], col: _Collector) -> dict[str, BaseModel]:
 # ---- pass 4: canonical model -----------------------------------------------------------------
 
 
-def _canonical_pass(source: BaseModel | None, base_dir: Path, col: _Collector) -> CanonicalModel | None:
+def _canonical_pass(source: BaseModel | None, base_dir: Path, col: Collector) -> CanonicalModel | None:
     if not isinstance(source, ModelSource):
         return None
     from weightbridge.canonical import CanonicalSourceError, load_canonical
@@ -241,115 +289,3 @@ def _canonical_pass(source: BaseModel | None, base_dir: Path, col: _Collector) -
         path = "$.model" if exc.key == "model" else f"$.model.{exc.key}"
         col.add(path, exc.message, exc.hint)
         return None
-
-
-# ---- pass 5 + 6: expansion and coverage ------------------------------------------------------
-
-
-def side_config(side: str, spec_side: SideSpec) -> SideConfig:
-    """Merge a side's preset with its spec overrides."""
-    preset = load_preset(spec_side.preset)
-    merged = merge_rules(preset.rules, spec_side.rules)
-    spec_index = {id(r): i for i, r in enumerate(spec_side.rules)}
-    preset_index = {id(r): i for i, r in enumerate(preset.rules)}
-    rules = [
-        (r, Origin("spec", spec_index[id(r)]) if id(r) in spec_index else Origin("preset", preset_index[id(r)], preset.name))
-        for r in merged
-    ]
-    return SideConfig(
-        side=side,
-        family=preset.family,
-        mesh=dict(spec_side.mesh),
-        rules=rules,
-        params={**preset.params, **spec_side.params},
-        instances=spec_side.instances,
-        dtype=spec_side.dtype,
-        first_stage=frozenset(preset.pipeline.first),
-        last_stage=frozenset(preset.pipeline.last),
-        pp_style=preset.pp_style,
-        pipeline_layers=tuple(spec_side.pipeline.layers) if spec_side.pipeline else None,
-    )
-
-
-def _side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: _Collector) -> SideLayout | None:
-    cfg = side_config(side, spec_side)
-    layout, problems = expand_side(cfg, model)
-    by_path: dict[str, list[ExpandProblem]] = {}
-    for p in problems:
-        path, _ = _locate(side, spec_side, cfg, p)
-        by_path.setdefault(path, []).append(p)
-    for path, group in by_path.items():
-        _, message = _locate(side, spec_side, cfg, group[0])
-        if len(group) > 1:
-            message += f" (and {len(group) - 1} more problem(s) here)"
-        col.add(path, message, group[0].hint)
-    if problems:
-        return None
-    seen: set[int] = set()
-    for r in layout.ranks:
-        if id(r.tensors) in seen:
-            continue
-        seen.add(id(r.tensors))
-        for t in r.tensors:
-            for msg in tiling_problems(t, model):
-                col.add(f"$.{side}", f"rank {r.rank}: {msg}")
-    _check_pins(side, spec_side, layout, col)
-    groups = [layout.ranks] if side == "trainer" else [layout.instance_ranks(0)]
-    for ranks in groups:
-        missing = uncovered(model, ranks)
-        if missing:
-            col.add(
-                f"$.{side}.preset",
-                f"{len(missing)} canonical tensor(s) held by no {side} rank: {_summarize(missing)}",
-                f"add rules under {side}.rules for them (weightbridge explain shows what each rank holds)",
-            )
-    return layout
-
-
-def _check_pins(side: str, spec_side: SideSpec, layout: SideLayout, col: _Collector) -> None:
-    """Pinned fingerprints must equal the expansion's (ranks of instance 0 on the rollout side)."""
-    ranks = layout.ranks if side == "trainer" else tuple(sorted(layout.instance_ranks(0), key=lambda r: r.local_rank))
-    for rank, pinned in spec_side.pins.items():
-        if rank >= len(ranks):
-            col.add(child_path(f"$.{side}.pins", rank), f"rank {rank} out of range: the {side} has ranks 0..{len(ranks) - 1}",
-                    "pin ranks of one instance (rollout) or of the whole trainer")
-            continue
-        actual = layout_fingerprint(ranks[rank])
-        if actual != pinned:
-            col.add(
-                child_path(f"$.{side}.pins", rank),
-                f"the spec now expands rank {rank} to layout {actual}, not the pinned {pinned}",
-                "a preset or rule changed: compare with `weightbridge diff` against the probe output, then re-pin",
-            )
-
-
-def _locate(side: str, spec_side: SideSpec, cfg: SideConfig, p: ExpandProblem) -> tuple[str, str]:
-    base = f"$.{side}"
-    o = p.origin
-    if o is not None and o.kind == "spec":
-        path = f"{base}.rules[{o.index}]"
-        if p.field:
-            path += "." + p.field
-        return path, p.message
-    where = ""
-    if o is not None:
-        rule = load_preset(o.preset).rules[o.index]
-        where = f"preset {o.preset}, rule {rule.local!r}: "
-    if p.axis:
-        if p.axis in spec_side.mesh:
-            return f"{base}.mesh.{p.axis}", where + p.message
-        if p.axis == "pp" and spec_side.pipeline is not None:
-            return f"{base}.pipeline.layers", where + p.message
-        return f"{base}.mesh", where + p.message
-    return (f"{base}.preset" if o is not None else base), where + p.message
-
-
-def _summarize(missing: dict[str, int], limit: int = 4) -> str:
-    """Missing names grouped by pattern: ``model.layers.*.mlp.gate.weight (x48)``."""
-    groups: dict[str, list[str]] = {}
-    for name in missing:
-        groups.setdefault(skeleton(name)[0].replace("#", "*"), []).append(name)
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    items = [f"{pat} (x{len(names)})" if len(names) > 1 else names[0] for pat, names in ranked[:limit]]
-    more = len(ranked) - limit
-    return ", ".join(items) + (f", and {more} more pattern(s)" if more > 0 else "")

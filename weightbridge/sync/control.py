@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from weightbridge.sync.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed, RankId
+from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
 from weightbridge.sync.messages import Failure, Hello, Keys, M, decode, encode
+from weightbridge.sync.roster import RankId
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,6 @@ class HeartbeatMonitor:
 
     def known_dead(self, who: RankId, counter: int) -> bool:
         return self._dead.get(who) == counter
-
-    def forget(self, who: RankId) -> None:
-        self._last.pop(who, None)
-        self._dead.pop(who, None)
 
 
 class ControlPlane:
@@ -186,6 +183,7 @@ class ControlPlane:
         since: int = 0,
         watch: Iterable[RankId] = (),
         stop: threading.Event | None = None,
+        progress: Callable[[], None] | None = None,
     ) -> list[bytes]:
         """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their raw values.
 
@@ -193,7 +191,8 @@ class ControlPlane:
         ``since``-th and earlier are ignored: they concern an earlier push) or a rank in
         ``watch`` stops heart-beating, :class:`DeadlineExceeded` past ``deadline`` (a
         ``time.monotonic()`` value). ``stop`` set by another thread ends the wait with
-        :class:`DeadlineExceeded` at once (used by ``close()``).
+        :class:`DeadlineExceeded` at once (used by ``close()``). ``progress()``, if given, runs
+        once per iteration (work the waiter must keep doing so that its peers can get here).
         """
         watch = tuple(w for w in watch if w != self.me)
         sleep_s = 0.001
@@ -204,6 +203,8 @@ class ControlPlane:
                 values = [self._call(self.store.get, k) for k in keys]
                 if ready is None or ready(values):
                     return values
+            if progress is not None:
+                progress()
             now = time.monotonic()
             if watch and now - self._last_hb_check >= self.heartbeat_s / 2:
                 self._last_hb_check = now

@@ -6,8 +6,9 @@ in for it (the unit tests move bytes through the store, in threads).
 
 Call sequence, on every member of an epoch (trainer ranks and the epoch's rollout ranks):
 
-1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=...)`` once per
-   epoch, after the handshake; returns when every member connected (or raises).
+1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=..., roster=...)`` once
+   per epoch, after the handshake; returns when every member connected (or raises). ``roster`` is
+   the epoch's :class:`~weightbridge.sync.roster.Roster` (errors name spec ranks through it).
 2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=...)`` once per push, on every
    member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
    in the plan's exchange rounds and local copies).
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from weightbridge.plan.types import TransferPlan
+from weightbridge.sync.roster import Roster
 
 
 class RunStats(NamedTuple):
@@ -32,7 +34,8 @@ class RunStats(NamedTuple):
 
 class DataPlane(Protocol):
     def connect(
-        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float
+        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,
+        roster: Roster | None = None,
     ) -> None: ...
 
     def run(
@@ -71,7 +74,8 @@ class TransportDataPlane:
         self._executor: tuple[tuple, Any] | None = None  # (key, Executor) of the last plan run
 
     def connect(
-        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float
+        self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,
+        roster: Roster | None = None,
     ) -> None:
         from weightbridge.transport.group import create_bridge_group
 
@@ -85,6 +89,7 @@ class TransportDataPlane:
             timeout_s=timeout_s,
             prefix=prefix,
             device=self.device if self.backend == "nccl" else None,
+            roster=roster,
         )
 
     def run(

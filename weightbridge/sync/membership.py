@@ -1,15 +1,13 @@
-"""Membership helpers: the rollout layout of an epoch, its plan, and dtype digests (pure except torch dtypes).
+"""Per-epoch helpers: the plan of an epoch's roster, dtype digests, tensor checks (pure except torch dtypes).
 
-An epoch's rollout side is a subset of the spec's instances (late joiners, restarts,
-instances that left). Its plan is built over that subset with rollout ranks renumbered
-``0..R_e-1`` instance-major (instances renumbered ``0..I_e-1``); when every instance is
-present the spec's own layout is used unchanged, so the plan hash is the one
-``weightbridge plan`` prints.
+An epoch's rollout side is a subset of the spec's instances (late joiners, restarts, instances
+that left); its :class:`~weightbridge.sync.roster.Roster` renumbers it for the plan
+(:meth:`~weightbridge.sync.roster.Roster.rollout_layout`) and :class:`PlanCache` keeps one plan per
+instance set.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,25 +15,7 @@ from typing import Any
 from weightbridge.layout.ir import RankLayout, SideLayout
 from weightbridge.plan import build_plan
 from weightbridge.plan.types import TransferPlan
-
-
-def restrict_rollout(rollout: SideLayout, instances: Sequence[int]) -> SideLayout:
-    """The rollout layout of ``instances`` only, ranks and instances renumbered in order."""
-    if tuple(instances) == tuple(range(rollout.num_instances)):
-        return rollout
-    ranks: list[RankLayout] = []
-    for new_index, inst in enumerate(instances):
-        for r in sorted(rollout.instance_ranks(inst), key=lambda r: r.local_rank):
-            ranks.append(dataclasses.replace(r, rank=len(ranks), instance=new_index))
-    return SideLayout(rollout.side, tuple(ranks), num_instances=len(instances))
-
-
-def rollout_ranks_of(rollout: SideLayout, instances: Sequence[int]) -> tuple[int, ...]:
-    """Spec rollout ranks of ``instances``, in epoch (plan) order."""
-    out: list[int] = []
-    for inst in instances:
-        out.extend(r.rank for r in sorted(rollout.instance_ranks(inst), key=lambda r: r.local_rank))
-    return tuple(out)
+from weightbridge.sync.roster import Roster
 
 
 class PlanCache:
@@ -48,12 +28,13 @@ class PlanCache:
         self.receiver_dedup = receiver_dedup
         self._plans: dict[tuple[int, ...], TransferPlan] = {}
 
-    def plan(self, instances: Sequence[int]) -> TransferPlan:
-        key = tuple(instances)
+    def plan(self, roster: Roster) -> TransferPlan:
+        """The plan of ``roster``'s instances (rollout ranks in the roster's plan numbering)."""
+        key = roster.instances
         if key not in self._plans:
             self._plans[key] = build_plan(
                 self.trainer,
-                restrict_rollout(self.rollout, key),
+                roster.rollout_layout(self.rollout),
                 round_bytes=self.round_bytes,
                 receiver_dedup=self.receiver_dedup,  # type: ignore[arg-type]
             )
@@ -72,9 +53,11 @@ def expected_dtypes(layout: RankLayout) -> str:
 
 def actual_dtypes(layout: RankLayout, tensors: Mapping[str, Any], max_diffs: int = 4) -> tuple[str, tuple[str, ...]]:
     """Digest of the real dtypes of ``layout``'s tensors in ``tensors``, and the first differences."""
+    from weightbridge.tensors import dtype_name  # the tensors are torch's: torch is loaded
+
     pairs, diffs = [], []
     for t in layout.tensors:
-        got = str(tensors[t.name].dtype).removeprefix("torch.")
+        got = dtype_name(tensors[t.name].dtype)
         pairs.append((t.name, got))
         if got != t.dtype:
             diffs.append(f"{t.name}: spec {t.dtype}, tensor {got}")

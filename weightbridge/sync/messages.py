@@ -19,6 +19,10 @@ key                               value                  written by / when
 ``P/ann``                         :class:`Announce`      trainer 0, once per push (latest only)
 ``P/ack/staged/R``                :class:`Ack`           rollout rank ``R`` (latest), data complete
 ``P/ack/applied/R``               :class:`Ack`           rollout rank ``R`` (latest), live weights = it
+``P/inst/I/S/n/R``                :class:`Offer`         rollout rank ``R`` of instance ``I``, round ``n`` of
+                                                         the instance's apply agreement (session ``S``:
+                                                         the instance's join nonces); rounds ``n - 2`` and
+                                                         older are deleted
 ================================  =====================  ===============================================
 
 Heartbeats are counters, not timestamps: a waiter notes when it last saw a counter
@@ -65,8 +69,8 @@ class Leave(_Message):
 class Membership(_Message):
     """Who takes part in epoch ``epoch``: every trainer rank and the listed rollout instances.
 
-    Rollout ranks are renumbered for the epoch's plan: plan rank ``j`` is
-    ``rollout_ranks[j]`` (spec numbering), bridge-group rank ``num_trainers + j``.
+    ``rollout_ranks`` lists the members' spec rollout ranks in plan order; the epoch's
+    :class:`~weightbridge.sync.roster.Roster` (built from this message) translates between numberings.
     """
 
     kind: Literal["members"] = "members"
@@ -112,6 +116,23 @@ class Ack(_Message):
     stage: Literal["staged", "applied"]
 
 
+class Offer(_Message):
+    """Rollout rank ``rank``'s state in round ``round`` of its instance's apply agreement.
+
+    ``staged``: the complete version it holds for ``apply()`` (kept until the round's decision),
+    None when it holds none; ``live``: the version its live weights hold; ``late``: its deadline
+    passed; ``error``: ``"Type: message"`` of a failed receive, else None.
+    """
+
+    kind: Literal["offer"] = "offer"
+    rank: int
+    round: int
+    staged: int | None
+    live: int | None
+    late: bool = False
+    error: str | None = None
+
+
 class Failure(_Message):
     """Rank ``side rank`` failed; every member waiting in the epoch raises ``PeerFailed`` with this."""
 
@@ -124,7 +145,7 @@ class Failure(_Message):
 
 
 AnyMessage = Annotated[
-    Union[Join, Leave, Membership, Hello, Announce, Ack, Failure], Field(discriminator="kind")
+    Union[Join, Leave, Membership, Hello, Announce, Ack, Offer, Failure], Field(discriminator="kind")
 ]
 _ADAPTER: TypeAdapter[AnyMessage] = TypeAdapter(AnyMessage)
 
@@ -183,3 +204,6 @@ class Keys:
 
     def ack(self, stage: str, rollout_rank: int) -> str:
         return f"{self.prefix}/ack/{stage}/{rollout_rank}"
+
+    def offer(self, instance: int, session: str, round: int, rollout_rank: int) -> str:
+        return f"{self.prefix}/inst/{instance}/{session}/{round}/{rollout_rank}"

@@ -32,8 +32,8 @@ Run ``python -m pytest path/to/test_weightbridge_conformance.py --wb-report=repo
 The fixture contract (precisely):
 
 * ``wb_spec`` -> ``str | Path``: the integration's spec. For each scenario the suite writes a
-  copy with its own ``sync`` section (mode, ``timeout_s``, ``round_bytes``, ``transport: gloo``;
-  relative model paths made absolute) and hands its path to the factories as ``ctx.spec_path``.
+  copy with its own ``sync`` section (mode, ``timeout_s``, ``heartbeat_s``, ``round_bytes``,
+  ``min_instances``, ``transport: gloo``; relative model paths made absolute) and hands its path to the factories as ``ctx.spec_path``.
 * ``wb_trainer`` / ``wb_rollout`` -> a module-level callable, or ``"module:name"``. It is
   imported and called **inside a fresh rank process** (never in the pytest process) with a
   :class:`RankContext` ``ctx``. It must build the side, connect its bridge with
@@ -53,7 +53,8 @@ The fixture contract (precisely):
 
   ``ctx.bridge_kwargs()`` must reach ``from_spec`` unchanged: it points the bridge at the
   suite's control store (hosted by the pytest process, so any rank may be killed) and carries
-  the ``on_round`` hook the fault scenarios use. Rollout kwargs are picklable, so an engine
+  ``options`` (a :class:`~weightbridge.bridge.BridgeOptions`: the suite's key prefix and the
+  ``on_round`` hook the fault scenarios use). Rollout kwargs are picklable, so an engine
   that runs its ranks in worker processes it starts itself (vLLM) forwards them there.
   ``ctx.init_process_group()`` starts the side's own Gloo world if the framework needs one.
 

@@ -1,6 +1,6 @@
 """What an integration gives the conformance suite, and what the suite gives it (one process per unit).
 
-The suite runs every rank in its own fresh process (``weightbridge.transport.localrun.launch``)
+The suite runs every rank in its own fresh process (``weightbridge.testing.localrun.launch``)
 and calls the integration's factory there with a :class:`RankContext`:
 
 * trainer factory ``(ctx) -> TrainerRank``: one call per trainer rank (``ctx.rank``);
@@ -91,11 +91,10 @@ class RankContext:
     spec_path: str  # the spec of this run (the integration's spec with the suite's sync section)
     host: str  # control store (hosted by the suite's pytest process)
     port: int
-    prefix: str  # bridge key prefix; pass through bridge_kwargs()
+    prefix: str  # bridge key prefix; in bridge_kwargs()["options"]
     timeout_s: float  # the run's sync.timeout_s (already in the spec file)
-    heartbeat_s: float
+    heartbeat_s: float  # the run's sync.heartbeat_s (already in the spec file)
     workdir: str  # a scratch directory of this run, shared by all its processes
-    min_instances: int | None = None  # trainer: complete instances a push waits for (None: all)
     fault: tuple[int, int] | None = None  # (version, round): the suite kills this process there
     incarnation: int = 0  # > 0: a restarted process (a new side world, see init_process_group)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -119,15 +118,18 @@ class RankContext:
     def bridge_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``TrainerBridge.from_spec`` / ``RolloutBridge.from_spec``: pass them all.
 
-        They point the bridge at the suite's store and prefix, set the heartbeat, and carry the
-        suite's fault hook (``on_round``). Rollout kwargs are picklable (``host``/``port``, not a
-        store object), so an engine can forward them to its worker processes.
+        ``options``: a :class:`~weightbridge.bridge.BridgeOptions` with the suite's key prefix and
+        fault hook (``on_round``); trainer: ``store`` (the suite hosts it, trainer rank 0 must not);
+        rollout: ``host`` / ``port``. Rollout kwargs are picklable (the options included), so an
+        engine can forward them to its worker processes. Everything else (deadline, heartbeat,
+        round size, how many instances a push waits for) is in the spec at :attr:`spec_path`.
         """
+        from weightbridge.runtime.options import BridgeOptions
+
         hook = FaultHook(self.host, self.port, self.prefix, self.timeout_s, *self.fault) if self.fault else None
-        kw: dict[str, Any] = {"prefix": self.prefix, "heartbeat_s": self.heartbeat_s, "on_round": hook}
+        kw: dict[str, Any] = {"options": BridgeOptions(prefix=self.prefix, on_round=hook)}
         if self.side == "trainer":
-            kw["store"] = self.store()  # trainer rank 0 must not host a store: the suite does
-            kw["min_instances"] = self.min_instances
+            kw["store"] = self.store()
         else:
             kw["host"], kw["port"] = self.host, self.port
         return kw
@@ -170,9 +172,9 @@ class FaultHook:
             from weightbridge.transport.store import open_store
 
             self._store = open_store(host, port, is_master=False, timeout_s=timeout_s)
-        from weightbridge.sync.messages import Announce, decode
+        from weightbridge.sync.messages import Announce, Keys, decode
 
-        ann = decode(self._store.get(f"{prefix}/ann"), Announce)
+        ann = decode(self._store.get(Keys(prefix).announce), Announce)
         if ann.version == version:
             self._store.set(f"{TEST_KEYS}/killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)

@@ -1,29 +1,83 @@
-"""A ready-made trainer side for conformance runs: one FSDP2 rank of a transformers model.
+"""The one FSDP2 trainer rank of weightbridge's own runs (conformance, the demo, the vLLM selfcheck).
 
-Integrations whose trainer is FSDP2 (``fully_shard`` over a dp mesh, DTensor parameters named as
-in the HF checkpoint) can use :class:`FSDP2TrainerRank` as their ``wb_trainer`` factory after
-overriding :meth:`build_model`. Runs inside a suite rank process (imports torch.distributed lazily).
+* :func:`shard_dp` — ``fully_shard`` a transformers causal LM per decoder layer and as a whole;
+* :class:`FSDP2World` — one trainer rank's state: its own Gloo world (never the bridge's), a dp
+  mesh, the model's DTensor parameters (named as in the HF checkpoint), local shards, the full
+  tensors (a collective, for verification only) and one optimizer step;
+* :class:`FSDP2TrainerRank` — a ready-made ``wb_trainer`` factory for the conformance suite:
+  integrations whose trainer is FSDP2 subclass it and override :meth:`~FSDP2TrainerRank.build_model`.
+
+Runs inside rank processes (imports torch.distributed lazily).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+
+
+def shard_dp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """``fully_shard`` every decoder layer of ``model`` (``model.model.layers``), then ``model``."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+class FSDP2World:
+    """One FSDP2 trainer rank: a dp mesh over ``world_size`` ranks and the model ``build_model(mesh)``.
+
+    With ``store`` the rank first starts its own Gloo default group on ``PrefixStore(prefix, store)``
+    (the training framework's world; the bridge never touches it); without, the caller did.
+    """
+
+    def __init__(self, build_model: Callable[[Any], torch.nn.Module], *, rank: int, world_size: int,
+                 store: Any = None, prefix: str = "trainer-world/") -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if store is not None:
+            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size)
+        self.rank = rank
+        self.mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+        self.model = build_model(self.mesh)
+        self.params = dict(self.model.named_parameters())  # a tied lm_head is de-duplicated
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's shards by checkpoint name (what the bridge reads)."""
+        return {name: p.to_local() for name, p in self.params.items()}
+
+    def full_tensors(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """The full tensors (``DTensor.full_tensor()``: a collective over the world; verification only)."""
+        return {name: self.params[name].full_tensor().detach() for name in (names or self.params)}
+
+    def step(self, opt: Any, ids: torch.Tensor) -> float:
+        """One optimizer step of the causal-LM loss on ``ids``; the loss."""
+        loss = self.model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 class FSDP2TrainerRank:
     """A :class:`~weightbridge.testing.TrainerRank`: its own Gloo world, a dp mesh, FSDP2 shards."""
 
     def __init__(self, ctx: Any) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         from weightbridge.bridge import TrainerBridge
 
         ctx.init_process_group("gloo")
-        mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("dp",))
-        self.params = dict(self.build_model(ctx, mesh).named_parameters())  # a tied lm_head is de-duplicated
+        self.world = FSDP2World(lambda mesh: self.build_model(ctx, mesh), rank=ctx.rank, world_size=ctx.world_size)
+        self.params = self.world.params
         self.bridge = TrainerBridge.from_spec(ctx.spec_path, rank=ctx.rank, tensors=self.tensors(),
                                               **ctx.bridge_kwargs())
 
@@ -32,7 +86,7 @@ class FSDP2TrainerRank:
         raise NotImplementedError
 
     def tensors(self) -> Mapping[str, torch.Tensor]:
-        return {name: p.to_local() for name, p in self.params.items()}
+        return self.world.tensors()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -48,7 +102,5 @@ class FSDP2TrainerRank:
         return self.bridge.push(version, tensors=self.tensors())
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         self.bridge.close()
-        dist.destroy_process_group()
+        self.world.close()

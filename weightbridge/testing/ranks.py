@@ -27,7 +27,7 @@ def key(*parts: object) -> str:
 
 def expected_weights(resolved, version: int) -> dict[str, Any]:
     """The canonical weights of ``version``: the same in every process (seeded by version)."""
-    from weightbridge.transport.localrun import canonical_tensors
+    from weightbridge.tensors import canonical_tensors
 
     return canonical_tensors(resolved.canonical, seed=1000 + version)
 
@@ -48,13 +48,15 @@ def error_event(exc: BaseException, **extra: Any) -> dict[str, Any]:
 
 def tensor_problems(layout, tensors: Mapping[str, Any]) -> list[str]:
     """Names, shapes and dtypes of ``tensors`` against the spec's ``layout`` (extra tensors are fine)."""
+    from weightbridge.tensors import dtype_name
+
     out = []
     for t in layout.tensors:
         got = tensors.get(t.name)
         if got is None:
             out.append(f"{t.name}: missing (spec: {list(t.shape)} {t.dtype})")
             continue
-        dtype = str(got.dtype).removeprefix("torch.")
+        dtype = dtype_name(got.dtype)
         if tuple(got.shape) != tuple(t.shape) or dtype != t.dtype:
             out.append(f"{t.name}: {list(got.shape)} {dtype}, spec {list(t.shape)} {t.dtype}")
     return out
@@ -153,7 +155,7 @@ def _probe_unit(unit, resolved, rank: int) -> dict[str, Any]:
 
 def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
     """The unit's state after a failed update: torn flag, version, what apply() does, weights."""
-    from weightbridge.sync.verify import mismatches
+    from weightbridge.testing.verify import mismatches
 
     torn, version = unit.torn, unit.version
     apply_raised = None
@@ -172,8 +174,8 @@ def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
 
 def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout unit: build, then probe (layout) or poll/apply until the script's last version."""
-    from weightbridge.sync.verify import mismatches
-    from weightbridge.transport.localrun import diff_tensors
+    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import diff_tensors
 
     ctx: RankContext = job["ctx"]
     s = job["script"]

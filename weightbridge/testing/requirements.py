@@ -77,7 +77,7 @@ _ALL = (
        "let BridgeError subclasses propagate from push()"),
     _r("fault.no-receiver.deadline", "no-receiver",
        "A push that no rollout instance joins raises a typed BridgeError within the deadline instead of hanging.",
-       "do not retry push() on DeadlineExceeded; pass ctx.bridge_kwargs() so the suite's timeout_s applies"),
+       "do not retry push() on DeadlineExceeded; open the bridge from ctx.spec_path (it holds the suite's timeout_s)"),
     _r("fault.torn-state.safe", "sender-dies",
        "After an interrupted update a rollout rank reports either a version whose weights match it bitwise or torn.",
        "RolloutUnit.torn and .version must read the bridge's; apply() must raise TornModelError while torn"),

@@ -142,6 +142,7 @@ class Runner:
         d = self.integ.workdir / name
         d.mkdir(parents=True, exist_ok=True)
         sync.setdefault("timeout_s", self.integ.timeout_s)
+        sync.setdefault("heartbeat_s", self.integ.heartbeat_s)
         return write_run_spec(self.integ.spec_path, d / "spec.yaml", **sync)
 
     def _ctx(self, spec: Path, port: int, side: str, ranks: tuple[int, ...], instance: int | None, **kw) -> RankContext:
@@ -180,7 +181,7 @@ class Runner:
 
     def _launch(self, name: str, spec: Path, store, jobs: list[dict]) -> ScenarioRun:
         from weightbridge.testing.ranks import run_job
-        from weightbridge.transport.localrun import launch
+        from weightbridge.testing.localrun import launch
 
         preload = ["weightbridge.testing.ranks", *self.integ.preload,
                    *{j["factory"].partition(":")[0] for j in jobs}]
@@ -259,13 +260,13 @@ class Runner:
 
     def _late_joiner(self) -> ScenarioRun:
         r = self.integ.resolved
-        spec = self._spec("late-joiner", mode="sync")
         late = r.rollout.num_instances - 1
+        spec = self._spec("late-joiner", mode="sync", min_instances=late or 1)
         late_ranks = [x.rank for x in r.rollout.instance_ranks(late)]
         early = [x.rank for x in r.rollout.ranks if x.instance != late]
         tr, ro = self._common([1, 2, 3], await_ready=early,
                               wait_keys={3: [key("ready/rollout", x) for x in late_ranks]})
-        return self._go("late-joiner", spec, lambda port: self._trainers(spec, port, tr, min_instances=late or 1)
+        return self._go("late-joiner", spec, lambda port: self._trainers(spec, port, tr)
                         + self._rollouts(spec, port, ro, late=(late, key("pushed", 0, 1))))
 
     def _handshake(self) -> ScenarioRun:

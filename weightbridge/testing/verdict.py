@@ -26,7 +26,8 @@ class Verdict:
 
     def processes_ok(self, *, allow: tuple[str, ...] = ()) -> bool:
         """Every process of the run finished normally (those in ``allow`` may have died)."""
-        assert self.run is not None
+        if self.run is None:
+            raise RuntimeError("processes_ok() before the scenario ran (no run recorded)")
         for p in self.run.broken(allow=allow):
             self.add(p)
         return not self.problems

@@ -1,12 +1,17 @@
 """The data plane: the only package of weightbridge that imports ``torch.distributed``.
 
 * :mod:`.store` — ``open_store``: the TCPStore shared by the data and control planes;
-* :mod:`.group` — ``create_bridge_group``: a standalone process group (never the default one);
-* :mod:`.pack` — pack/unpack plan items into wire buffers (pure torch);
-* :mod:`.executor` — ``Executor``: run a ``TransferPlan`` on one rank (chunked P2P, double-buffered);
-* :mod:`.errors` — typed errors naming the rank, the peer and the round;
-* :mod:`.localrun` — helpers for tests, benchmarks and demos: canonical tensors, materialising a
-  rank's local tensors from its IR, launching local processes with a hard deadline.
+* :mod:`.group` — ``create_bridge_group``: a standalone process group (never the default one),
+  ``wait_work`` (one backend ``Work`` within the group's deadline);
+* :mod:`.executor` — ``Executor``: run a ``TransferPlan`` on one rank (chunked P2P waves);
+* :mod:`.pipeline` — one ``Executor.run``: per-round pack / exchange / unpack stages, double-buffered;
+* :mod:`.wire` — a round's transfers, chunk cuts and checksums (pure torch);
+* :mod:`.errors` — typed errors naming the rank, the peer and the round.
+
+Packing plan items into wire buffers is pure torch: :mod:`weightbridge.tensors`. Names are imported
+lazily (``from weightbridge.transport import Executor`` loads the executor then), so importing this
+package or :mod:`.errors` loads neither torch nor ``torch.distributed`` (``weightbridge probe`` needs
+neither the group nor the executor).
 
 One update, on every rank (S trainer ranks, R rollout ranks; bridge rank = t, or S + r)::
 
@@ -34,26 +39,24 @@ Contract:
   ``abort=True`` and create a new one (new ``prefix``) before the next update.
 """
 
-from weightbridge.transport.errors import ChecksumError, PeerDisconnected, PeerTimeout, TransportError
-from weightbridge.transport.executor import ExecStats, Executor, chunk_bounds
-from weightbridge.transport.group import BridgeGroup, backend_for, create_bridge_group
-from weightbridge.transport.pack import apply_local_copies, pack_items, torch_dtype, unpack_items
-from weightbridge.transport.store import open_store
+from __future__ import annotations
 
-__all__ = [
-    "BridgeGroup",
-    "ChecksumError",
-    "ExecStats",
-    "Executor",
-    "PeerDisconnected",
-    "PeerTimeout",
-    "TransportError",
-    "apply_local_copies",
-    "backend_for",
-    "chunk_bounds",
-    "create_bridge_group",
-    "open_store",
-    "pack_items",
-    "torch_dtype",
-    "unpack_items",
-]
+from weightbridge._lazy import lazy_exports
+
+_EXPORTS = {
+    "BridgeGroup": "weightbridge.transport.group",
+    "ChecksumError": "weightbridge.transport.errors",
+    "ExecStats": "weightbridge.transport.pipeline",
+    "Executor": "weightbridge.transport.executor",
+    "PeerDisconnected": "weightbridge.transport.errors",
+    "PeerTimeout": "weightbridge.transport.errors",
+    "TransportError": "weightbridge.transport.errors",
+    "backend_for": "weightbridge.transport.group",
+    "chunk_bounds": "weightbridge.transport.wire",
+    "create_bridge_group": "weightbridge.transport.group",
+    "open_store": "weightbridge.transport.store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

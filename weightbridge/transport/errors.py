@@ -9,23 +9,27 @@ class TransportError(BridgeError):
     """A data-plane failure on bridge rank ``rank`` while talking to bridge rank ``peer`` in ``round``.
 
     ``peer`` is None when no single peer is to blame (e.g. group creation); ``round`` is None
-    outside of a round. Ranks are **bridge-world** ranks (trainer t -> t, rollout r -> S + r).
+    outside of a round. ``rank`` and ``peer`` are **bridge-group** ranks (integers);
+    ``rank_name`` / ``peer_name`` are the same ranks in spec numbering (``rollout 3``), given by
+    the group's :class:`~weightbridge.sync.roster.Roster`, and are what the message shows.
     """
 
-    def __init__(self, rank: int, peer: int | None, round: int | None, message: str) -> None:
+    def __init__(
+        self, rank: int, peer: int | None, round: int | None, message: str, *,
+        rank_name: str | None = None, peer_name: str | None = None,
+    ) -> None:
         self.rank = rank
         self.peer = peer
         self.round = round
         self.message = message
-        where = f"bridge rank {rank}"
-        if peer is not None:
-            where += f", peer {peer}"
+        self.rank_name = rank_name or f"bridge rank {rank}"
+        self.peer_name = peer_name if peer_name is not None or peer is None else f"bridge rank {peer}"
+        where = self.rank_name
+        if self.peer_name is not None:
+            where += f", peer {self.peer_name}"
         if round is not None:
             where += f", round {round}"
         super().__init__(f"{type(self).__name__} ({where}): {message}")
-
-    def __reduce__(self):  # picklable across processes with its fields
-        return (type(self), (self.rank, self.peer, self.round, self.message))
 
 
 class PeerTimeout(TransportError):
@@ -39,8 +43,10 @@ class PeerDisconnected(TransportError):
 class ChecksumError(TransportError):
     """The bytes received from ``peer`` do not match the checksum it sent."""
 
-    def __init__(self, rank: int, peer: int | None, round: int | None, message: str = "checksum mismatch") -> None:
-        super().__init__(rank, peer, round, message)
+    def __init__(
+        self, rank: int, peer: int | None, round: int | None, message: str = "checksum mismatch", **names: str | None
+    ) -> None:
+        super().__init__(rank, peer, round, message, **names)
 
 
 def classify(exc: BaseException) -> type[TransportError]:

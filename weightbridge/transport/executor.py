@@ -11,12 +11,13 @@ runs an :class:`Executor` (reusable for every update of the same plan)::
     stats = ex.run(live_params)                           # rollout: receive into live params
     stats = ex.run(live_params, dst=staging)              # ... or into a staging dict
 
-**Per round** (ranks without a bucket in a round skip it; P2P needs no barrier):
+**Per round** (ranks without a bucket in a round skip it; P2P needs no barrier; the stages of one run
+are :class:`~weightbridge.transport.pipeline.RoundPipeline`'s methods):
 
 1. *pre*: one contiguous ``uint8`` wire buffer per peer and direction, sliced from the round's
    slab (the bucket's bytes, plus an 8-byte checksum trailer with ``checksums=True``); pack the
    send buckets from
-   the source tensors (:func:`~weightbridge.transport.pack.pack_items`: strided box copies,
+   the source tensors (:func:`~weightbridge.tensors.pack_items`: strided box copies,
    cast to the wire dtype);
 2. *comm*: every buffer is cut into chunks of ``chunk_bytes`` (a pure function of the bucket
    size, so both ends of a pair cut identically). Wave ``k`` issues chunk ``k`` of every
@@ -25,7 +26,7 @@ runs an :class:`Executor` (reusable for every update of the same plan)::
    Wave ``k`` on a rank contains the send of a chunk iff wave ``k`` on the peer contains its
    receive, so batches stay bounded and symmetric and cannot deadlock;
 3. *post*: verify checksums, unpack the received buckets into the destination
-   (:func:`~weightbridge.transport.pack.unpack_items`, casts to the destination dtype), which
+   (:func:`~weightbridge.tensors.unpack_items`, casts to the destination dtype), which
    releases the round's slab for round ``r+2``.
 
 After the last round a rollout rank applies ``plan.local_copies`` to its destination.
@@ -64,140 +65,23 @@ backend error), :class:`ChecksumError`. After any of them the group is unusable:
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import datetime
-import threading
 import time
-import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-Overlap = Literal["auto", "inline", "thread", "off"]
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 import torch
 
 from weightbridge.layout.box import in_bounds
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, TransferPlan
-from weightbridge.transport.errors import ChecksumError, PeerTimeout, TransportError, classify
-from weightbridge.transport.group import BridgeGroup
-from weightbridge.transport.pack import apply_local_copies, pack_items, unpack_items
+from weightbridge.tensors import apply_local_copies
+from weightbridge.transport.errors import TransportError, classify
+from weightbridge.transport.group import BridgeGroup, wait_work
+from weightbridge.transport.pipeline import ExecStats, RoundPipeline
+from weightbridge.transport.wire import CHECKSUM_BYTES, Transfer, chunk_bounds, wire_buffer
 
-CHECKSUM_BYTES = 8
+Overlap = Literal["auto", "inline", "thread", "off"]
 
-
-@dataclass
-class ExecStats:
-    """What one :meth:`Executor.run` did on one rank. Byte counts are payload (plan) bytes."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    seconds: float = 0.0  # wall time of run()
-    rounds: int = 0  # rounds this rank took part in
-    peak_buffer_bytes: int = 0  # max wire-buffer bytes alive at once (<= 2 x round_bytes)
-    round_seconds: list[float] = field(default_factory=list)  # per round taken part in: comm wall time
-    round_indices: list[int] = field(default_factory=list)  # plan round index of each entry above
-    pack_seconds: float = 0.0
-    unpack_seconds: float = 0.0
-    wait_seconds: float = 0.0  # main thread blocked on the worker (pack not ready / unpack not done)
-    chunks: int = 0  # P2P ops issued
-    local_copies: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class _Inline:
-    """The worker interface, run on the calling thread (``overlap`` ``"inline"`` / ``"off"``)."""
-
-    def submit(self, fn: Callable, *args: Any) -> cf.Future:
-        fut: cf.Future = cf.Future()
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - re-raised by fut.result()
-            fut.set_exception(exc)
-        return fut
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
-
-
-class _Transfer:
-    """One bucket of one round seen from this rank: a wire buffer to send or to receive."""
-
-    __slots__ = ("bucket", "peer", "send", "buf", "nbytes")
-
-    def __init__(self, bucket: Bucket, peer: int, send: bool, nbytes: int) -> None:
-        self.bucket = bucket
-        self.peer = peer
-        self.send = send
-        self.nbytes = nbytes  # wire bytes incl. checksum trailer
-        self.buf: torch.Tensor | None = None
-
-
-def chunk_bounds(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """How a wire buffer of ``nbytes`` is cut into P2P chunks (identical on both ends)."""
-    if nbytes <= 0:
-        return []
-    return [(lo, min(lo + chunk_bytes, nbytes)) for lo in range(0, nbytes, chunk_bytes)]
-
-
-def checksum(data: torch.Tensor) -> int:
-    """Checksum of a 1-D uint8 tensor: CRC-32 on CPU; a position-weighted sum on other devices."""
-    if data.device.type == "cpu":
-        return zlib.crc32(data.numpy()) if data.numel() else 0
-    return weighted_sum(data)
-
-
-def weighted_sum(data: torch.Tensor) -> int:
-    """Position-weighted byte sum computed on the tensor's device (the non-CPU checksum)."""
-    total = torch.zeros((), dtype=torch.int64, device=data.device)
-    step = 1 << 24
-    for lo in range(0, data.numel(), step):
-        x = data[lo : lo + step].to(torch.int64)
-        w = torch.arange(lo, lo + x.numel(), dtype=torch.int64, device=data.device) % 1_000_003 + 1
-        total += (x * w).sum()
-    return int(total.item())
-
-
-def _write_trailer(buf: torch.Tensor, n: int, value: int) -> None:
-    buf[n : n + CHECKSUM_BYTES].copy_(torch.tensor([value], dtype=torch.int64).view(torch.uint8).to(buf.device))
-
-
-def _read_trailer(buf: torch.Tensor, n: int) -> int:
-    return int(buf[n : n + CHECKSUM_BYTES].cpu().clone().view(torch.int64)[0])
-
-
-def wait_work(
-    group: BridgeGroup,
-    work: Any,
-    *,
-    peers: Sequence[int],
-    round_index: int | None,
-    what: str,
-    deadline: float | None = None,
-) -> None:
-    """Wait for one backend ``Work`` within the group's deadline; raise a typed error naming ``peers[0]``."""
-    if deadline is None:
-        deadline = time.monotonic() + group.timeout_s
-    peer = peers[0] if peers else None
-    others = f" (batch with peers {sorted(set(peers))})" if len(set(peers)) > 1 else ""
-    try:
-        if group.backend == "gloo":
-            remaining = max(deadline - time.monotonic(), 0.001)
-            work.wait(datetime.timedelta(seconds=remaining))
-            return
-        # NCCL: wait() only orders streams; poll for completion to enforce the deadline on the host.
-        while not work.is_completed():
-            if time.monotonic() > deadline:
-                raise PeerTimeout(group.rank, peer, round_index, f"{what}{others}: no completion within {group.timeout_s:g} s")
-            time.sleep(0.0002)
-        work.wait()
-    except TransportError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every backend failure becomes a typed error
-        desc = group.describe_rank(peer) if peer is not None else "?"
-        raise classify(exc)(group.rank, peer, round_index, f"{what} with {desc}{others}: {exc}") from exc
+__all__ = ["ExecStats", "Executor", "Overlap", "chunk_bounds"]
 
 
 class Executor:
@@ -349,121 +233,15 @@ class Executor:
         ``ValueError`` before any transfer when a named tensor is missing or too small.
         """
         if self.group.pg is None:
-            raise TransportError(self.me, None, None, "the bridge group is closed")
+            raise self.group.error(TransportError, None, None, "the bridge group is closed")
         t0 = time.perf_counter()
-        stats = ExecStats()
         if self.side == TRAINER:
             source, target = tensors, None
         else:
             target = dst if dst is not None else tensors
             source = target
         self.check_tensors(source, target)
-        n = len(self.my_rounds)
-        if self.overlap == "thread" and n > 0:
-            init = None
-            if self.wire_device.type == "cuda":
-                dev = self.wire_device
-
-                def init() -> None:
-                    torch.cuda.set_device(dev)
-
-            worker: Any = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
-        else:
-            worker = _Inline()
-        lock = threading.Lock()  # guards the stats the worker updates
-
-        def pre(i: int) -> list[_Transfer]:
-            ridx, sends, recvs = self.my_rounds[i]
-            ts = time.perf_counter()
-            slab = self._slab(i)
-            out: list[_Transfer] = []
-            off = 0
-            for b in recvs:
-                tr = _Transfer(b, self._sender_bridge(b), False, b.nbytes + self.trailer)
-                tr.buf = slab[off : off + tr.nbytes]
-                off += tr.nbytes
-                out.append(tr)
-            for b in sends:
-                tr = _Transfer(b, self._receiver_bridge(b), True, b.nbytes + self.trailer)
-                tr.buf = slab[off : off + tr.nbytes]
-                off += tr.nbytes
-                pack_items(b.items, source, tr.buf)
-                if self.checksums:
-                    _write_trailer(tr.buf, b.nbytes, checksum(tr.buf[: b.nbytes]))
-                self._after_pack(ridx, tr.peer, tr.buf)
-                out.append(tr)
-            with lock:
-                stats.pack_seconds += time.perf_counter() - ts
-            return out
-
-        def post(i: int, transfers: list[_Transfer]) -> None:
-            ridx = self.my_rounds[i][0]
-            ts = time.perf_counter()
-            try:
-                for tr in transfers:
-                    if tr.send:
-                        continue
-                    b, buf = tr.bucket, tr.buf
-                    assert buf is not None
-                    if self.checksums:
-                        want, got = _read_trailer(buf, b.nbytes), checksum(buf[: b.nbytes])
-                        if want != got:
-                            raise ChecksumError(
-                                self.me, tr.peer, ridx,
-                                f"bucket of {b.nbytes} B from {self.group.describe_rank(tr.peer)}: "
-                                f"checksum {got:#x}, sender sent {want:#x}",
-                            )
-                    unpack_items(b.items, buf, target)  # type: ignore[arg-type]
-            finally:
-                for tr in transfers:
-                    tr.buf = None
-                transfers.clear()
-                with lock:
-                    stats.unpack_seconds += time.perf_counter() - ts
-
-        # Rollout exchange sends read what earlier rounds received: pack them only after the previous unpack.
-        dependent = [self.side == ROLLOUT and bool(self.my_rounds[i][1]) for i in range(n)]
-        ahead = self.overlap != "off"
-        try:
-            pending: cf.Future | None = worker.submit(pre, 0) if n else None
-            last_post: cf.Future | None = None
-            for i in range(n):
-                ridx, sends, recvs = self.my_rounds[i]
-                tw = time.perf_counter()
-                assert pending is not None
-                transfers = pending.result()
-                stats.wait_seconds += time.perf_counter() - tw
-                pending = None
-
-                def pack_next(i: int = i) -> None:
-                    nonlocal pending
-                    if ahead and i + 1 < n and not dependent[i + 1]:
-                        pending = worker.submit(pre, i + 1)  # overlaps this round's transfers
-
-                tc = time.perf_counter()
-                stats.chunks += self._exchange(ridx, transfers, after_issue=pack_next)
-                stats.round_seconds.append(time.perf_counter() - tc)
-                stats.round_indices.append(ridx)
-                stats.rounds += 1
-                stats.bytes_sent += sum(b.nbytes for b in sends)
-                stats.bytes_received += sum(b.nbytes for b in recvs)
-                if last_post is not None:
-                    last_post.result()  # surface an unpack / checksum failure of the previous round now
-                last_post = worker.submit(post, i, transfers)
-                transfers = []
-                if i + 1 < n and pending is None:
-                    pending = worker.submit(pre, i + 1)
-                if on_round is not None:
-                    on_round(ridx, stats)
-            if last_post is not None:
-                tw = time.perf_counter()
-                last_post.result()
-                stats.wait_seconds += time.perf_counter() - tw
-        finally:
-            worker.shutdown(wait=True, cancel_futures=True)
-            stats.peak_buffer_bytes = self.buffer_bytes()
-            if not self.keep_buffers:
-                self.release_buffers()
+        stats = RoundPipeline(self, source, target).run(on_round)
         if self.local_copies:
             stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
         for dev in {self.wire_device, self.device}:
@@ -476,7 +254,7 @@ class Executor:
         """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
 
     # -- comm ---------------------------------------------------------------
-    def _exchange(self, round_index: int, transfers: list[_Transfer], after_issue: Callable[[], None]) -> int:
+    def _exchange(self, round_index: int, transfers: list[Transfer], after_issue: Callable[[], None]) -> int:
         """All chunks of one round, wave by wave; ``after_issue()`` runs once, after the first wave
         is issued and before it is waited for. Returns the number of P2P ops issued."""
         cuts = [chunk_bounds(tr.nbytes, self.chunk_bytes) for tr in transfers]
@@ -497,13 +275,13 @@ class Executor:
             after_issue()
         return issued
 
-    def _issue(self, round_index: int, ops: list[tuple[_Transfer, tuple[int, int]]], k: int, waves: int):
+    def _issue(self, round_index: int, ops: list[tuple[Transfer, tuple[int, int]]], k: int, waves: int):
         """Issue one wave. Returns ``[(work, peers, description)]``."""
         pg = self.group.pg
         if pg is None:
-            raise TransportError(self.me, None, round_index, "the bridge group is closed")
+            raise self.group.error(TransportError, None, round_index, "the bridge group is closed")
 
-        def desc(tr: _Transfer, lo: int, hi: int) -> str:
+        def desc(tr: Transfer, lo: int, hi: int) -> str:
             verb = "sending" if tr.send else "receiving"
             return f"{verb} chunk {k + 1}/{waves} ({hi - lo} B)"
 
@@ -513,8 +291,7 @@ class Executor:
             if coalesce:
                 pg._start_coalescing()
             for tr, (lo, hi) in ops:
-                assert tr.buf is not None
-                part = tr.buf[lo:hi]
+                part = wire_buffer(tr, self.group, round_index)[lo:hi]
                 work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
                 if not coalesce:
                     out.append((work, [tr.peer], desc(tr, lo, hi)))
@@ -526,5 +303,5 @@ class Executor:
             raise
         except Exception as exc:  # noqa: BLE001
             peer = ops[0][0].peer if ops else None
-            raise classify(exc)(self.me, peer, round_index, f"issuing P2P ops: {exc}") from exc
+            raise self.group.error(classify(exc), peer, round_index, f"issuing P2P ops: {exc}") from exc
         return out

@@ -7,19 +7,25 @@ default process group and is not registered in ``torch.distributed``'s global st
 Point-to-point ops are issued on the backend object (``pg.send`` / ``pg.recv``; NCCL batches
 coalesced exactly like ``dist.batch_isend_irecv``), see :mod:`weightbridge.transport.executor`.
 
-Bridge-world rank numbering: trainer rank ``t`` -> ``t``; rollout rank ``r`` -> ``num_trainers + r``.
+Bridge ranks (trainers first) and their spec names come from the group's
+:class:`~weightbridge.sync.roster.Roster`, the one place ranks are translated; a group created
+without one numbers ranks as its plan does (trainer plan rank ``t`` -> ``t``, rollout plan rank
+``j`` -> ``num_trainers + j``) and names them the same.
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from weightbridge.transport.errors import TransportError, classify
+from weightbridge.sync.roster import Roster
+from weightbridge.transport.errors import PeerTimeout, TransportError, classify
 
 Backend = Literal["gloo", "nccl"]
 
@@ -39,32 +45,46 @@ class BridgeGroup:
     num_trainers: int
     timeout_s: float  # deadline of every wait on this group
     device: torch.device | None = None  # NCCL: the CUDA device the communicator is bound to
+    roster: Roster | None = field(default=None)  # None: Roster.identity (plan rank = spec rank)
+
+    def __post_init__(self) -> None:
+        if self.roster is None:
+            self.roster = Roster.identity(self.num_trainers, self.world_size - self.num_trainers)
+        elif self.roster.world_size != self.world_size or self.roster.num_trainers != self.num_trainers:
+            raise ValueError(
+                f"roster of {self.roster.num_trainers} trainer + {self.roster.num_rollout} rollout ranks for a "
+                f"bridge group of {self.num_trainers} trainer ranks in a world of {self.world_size}"
+            )
 
     @property
     def num_rollout(self) -> int:
         return self.world_size - self.num_trainers
 
     def bridge_rank(self, side: str, rank: int) -> int:
-        """Bridge rank of ``rank`` of ``side`` ("trainer" or "rollout")."""
-        if side == "trainer":
-            if not 0 <= rank < self.num_trainers:
-                raise ValueError(f"trainer rank {rank} outside [0, {self.num_trainers})")
-            return rank
-        if side == "rollout":
-            if not 0 <= rank < self.num_rollout:
-                raise ValueError(f"rollout rank {rank} outside [0, {self.num_rollout})")
-            return self.num_trainers + rank
-        raise ValueError(f"side must be 'trainer' or 'rollout', got {side!r}")
+        """Bridge rank of plan rank ``rank`` of ``side`` ("trainer" or "rollout")."""
+        return self._roster().bridge_of_plan(side, rank)
 
     def side_rank(self, bridge_rank: int) -> tuple[str, int]:
-        """Inverse of :meth:`bridge_rank`."""
-        if bridge_rank < self.num_trainers:
-            return "trainer", bridge_rank
-        return "rollout", bridge_rank - self.num_trainers
+        """(side, plan rank) of ``bridge_rank``: the inverse of :meth:`bridge_rank`."""
+        return self._roster().plan_of_bridge(bridge_rank)
 
     def describe_rank(self, bridge_rank: int) -> str:
-        side, r = self.side_rank(bridge_rank)
-        return f"{side} rank {r} (bridge rank {bridge_rank})"
+        """``rollout 3 (bridge rank 2)``: the spec rank of ``bridge_rank`` (what errors show)."""
+        return self._roster().describe(bridge_rank)
+
+    def _roster(self) -> Roster:
+        if self.roster is None:  # only if a caller reset it after construction
+            self.roster = Roster.identity(self.num_trainers, self.world_size - self.num_trainers)
+        return self.roster
+
+    def error(
+        self, cls: type[TransportError], peer: int | None, round_index: int | None, message: str
+    ) -> TransportError:
+        """A ``cls`` raised on this rank about ``peer``, naming both in spec numbering."""
+        return cls(
+            self.rank, peer, round_index, message, rank_name=self.describe_rank(self.rank),
+            peer_name=None if peer is None else self.describe_rank(peer),
+        )
 
     def close(self, abort: bool = False) -> None:
         """Release the backend. ``abort=True`` after a failure (pending ops are dropped)."""
@@ -104,13 +124,15 @@ def create_bridge_group(
     timeout_s: float,
     prefix: str = "wb/data",
     device: torch.device | str | None = None,
+    roster: Roster | None = None,
 ) -> BridgeGroup:
     """Create the bridge group on ``store`` (all ``world_size`` ranks call this; it returns when all joined).
 
     ``prefix`` namespaces the store keys (use a new prefix to re-create a group on the same
     store, e.g. after a membership change). ``device`` (NCCL only) is the CUDA device of this
     rank, default the current one; the NCCL communicator is initialised eagerly here with one
-    tiny all-reduce so that later P2P batches may involve any subset of ranks.
+    tiny all-reduce so that later P2P batches may involve any subset of ranks. ``roster`` (the
+    epoch's, from the control plane) names the ranks in errors; None: plan numbering.
     Raises :class:`~weightbridge.transport.errors.PeerTimeout` when not every rank joins within
     ``timeout_s``.
     """
@@ -120,21 +142,27 @@ def create_bridge_group(
         raise ValueError(f"rank {rank} outside [0, {world_size})")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if roster is not None and (roster.world_size != world_size or roster.num_trainers != num_trainers):
+        raise ValueError(f"the roster has {roster.world_size} ranks ({roster.num_trainers} trainers), the group "
+                         f"{world_size} ({num_trainers} trainers)")
     pstore = dist.PrefixStore(prefix.rstrip("/") + "/", store)
     try:
         if backend == "gloo":
             pg = dist.ProcessGroupGloo(pstore, rank, world_size, datetime.timedelta(seconds=timeout_s))
-            return BridgeGroup(pg, rank, world_size, "gloo", num_trainers, float(timeout_s), torch.device("cpu"))
+            return BridgeGroup(pg, rank, world_size, "gloo", num_trainers, float(timeout_s), torch.device("cpu"),
+                               roster=roster)
         if backend == "nccl":
-            return _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device)
+            return _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device, roster)
     except TransportError:
         raise
     except Exception as exc:  # noqa: BLE001 - wrapped as a typed error naming this rank
-        raise classify(exc)(rank, None, None, f"creating the {backend} bridge group failed: {exc}") from exc
+        name = (roster or Roster.identity(num_trainers, world_size - num_trainers)).describe(rank)
+        raise classify(exc)(rank, None, None, f"creating the {backend} bridge group failed: {exc}",
+                            rank_name=name) from exc
     raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
 
 
-def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device) -> BridgeGroup:
+def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device, roster) -> BridgeGroup:
     if not torch.cuda.is_available():
         raise ValueError("backend nccl needs CUDA")
     try:
@@ -150,11 +178,42 @@ def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device) -> B
     except (AttributeError, TypeError):  # older builds
         pass
     pg = ProcessGroupNCCL(pstore, rank, world_size, opts)
-    group = BridgeGroup(pg, rank, world_size, "nccl", num_trainers, float(timeout_s), dev)
+    group = BridgeGroup(pg, rank, world_size, "nccl", num_trainers, float(timeout_s), dev, roster=roster)
     # Eager communicator init on every rank (coalesced P2P on a fresh group would need all ranks).
     t = torch.zeros(1, device=dev)
     work = pg.allreduce([t])
-    from weightbridge.transport.executor import wait_work  # local import: executor imports this module
-
     wait_work(group, work, peers=list(range(world_size)), round_index=None, what="initialising NCCL")
     return group
+
+
+def wait_work(
+    group: BridgeGroup,
+    work: Any,
+    *,
+    peers: Sequence[int],
+    round_index: int | None,
+    what: str,
+    deadline: float | None = None,
+) -> None:
+    """Wait for one backend ``Work`` within the group's deadline; raise a typed error naming ``peers[0]``."""
+    if deadline is None:
+        deadline = time.monotonic() + group.timeout_s
+    peer = peers[0] if peers else None
+    others = f" (batch with peers {sorted(set(peers))})" if len(set(peers)) > 1 else ""
+    try:
+        if group.backend == "gloo":
+            remaining = max(deadline - time.monotonic(), 0.001)
+            work.wait(datetime.timedelta(seconds=remaining))
+            return
+        # NCCL: wait() only orders streams; poll for completion to enforce the deadline on the host.
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise group.error(PeerTimeout, peer, round_index,
+                                  f"{what}{others}: no completion within {group.timeout_s:g} s")
+            time.sleep(0.0002)
+        work.wait()
+    except TransportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every backend failure becomes a typed error
+        desc = group.describe_rank(peer) if peer is not None else "?"
+        raise group.error(classify(exc), peer, round_index, f"{what} with {desc}{others}: {exc}") from exc

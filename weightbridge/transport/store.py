@@ -1,4 +1,8 @@
-"""The rendezvous store shared by the data plane (bridge group) and the control plane."""
+"""The rendezvous store shared by the data plane (bridge group) and the control plane.
+
+``open_store`` is public (``weightbridge.open_store``): a launcher hosts the store with it when
+trainer rank 0 should not (so ranks may stop in any order).
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,30 @@ def open_store(
     world_size: int | None = None,
     timeout_s: float,
 ) -> dist.Store:
-    """Open (``is_master``: host) a ``TCPStore`` at ``host:port``.
+    """Open the control store every bridge process rendezvous on: host it (``is_master=True``)
+    or connect to it (``is_master=False``) at ``host:port``. Public as ``weightbridge.open_store``.
 
-    The master may pass ``port=0`` to get a free port, read back as ``store.port``. The master
-    never blocks waiting for workers (``wait_for_workers=False``); clients connect within
-    ``timeout_s`` and every ``get``/``wait`` on the store is bounded by ``timeout_s``.
+    You need it only to host the store **outside trainer rank 0**. By default trainer rank 0's
+    ``TrainerBridge.from_spec(..., host=H, port=P)`` hosts it and every other rank connects, so
+    rank 0 must stop last (it takes the store with it). To let ranks stop in any order, host it
+    in a process that outlives them (the launcher, a driver, a Ray actor)::
+
+        # the hosting process, before any rank connects; keep `store` alive until every rank closed
+        store = weightbridge.open_store("0.0.0.0", 0, is_master=True, timeout_s=300)
+        port = store.port                                  # port=0: a free port chosen by the OS
+
+        # every trainer rank, rank 0 included (passing store= means no bridge hosts one)
+        store = weightbridge.open_store(H, port, is_master=False, timeout_s=300)
+        bridge = TrainerBridge.from_spec(spec, rank=t, tensors=shards, store=store)
+
+        # every rollout rank: store= the same way, or host=H, port=port (rollout ranks never host)
+        bridge = RolloutBridge.from_spec(spec, rank=r, tensors=params, host=H, port=port)
+
+    The store carries only small control messages; the weights travel over the bridge's own
+    process group, whose rendezvous uses the same store under the bridges' ``prefix``.
+
+    The master never blocks waiting for workers (``wait_for_workers=False``); clients connect
+    within ``timeout_s`` and every ``get``/``wait`` on the store is bounded by ``timeout_s``.
     ``world_size`` is informative only (None: unknown).
     """
     return dist.TCPStore(

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 
-from weightbridge.errors import BridgeError
-from weightbridge.sync.errors import DeadlineExceeded
+from weightbridge.errors import BridgeError, DeadlineExceeded
 
 from toyrl.engine import ToyEngine
 from toyrl.model import ToyConfig

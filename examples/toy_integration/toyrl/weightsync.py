@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from weightbridge import RolloutBridge, TrainerBridge
-from weightbridge.bridge import load_spec
 
 from toyrl.engine import ToyEngine
 from toyrl.trainer import ToyTrainer
@@ -53,10 +52,9 @@ class EngineSync:
     """One engine rank's receiver: in place in sync mode, staged in async mode."""
 
     def __init__(self, engine: ToyEngine, spec: Any, *, rank: int, **bridge_kwargs: Any) -> None:
-        resolved = load_spec(spec)
         self.engine, self.rank = engine, rank
-        self.bridge = RolloutBridge.from_spec(resolved, rank=rank, tensors=engine.params,
-                                              staging=resolved.sync.mode == "async", **bridge_kwargs)
+        # staging follows the spec (sync.staging; by default: in place in sync mode, staged in async)
+        self.bridge = RolloutBridge.from_spec(spec, rank=rank, tensors=engine.params, **bridge_kwargs)
 
     def poll(self) -> bool:
         return self.bridge.poll()

@@ -14,7 +14,7 @@ import torch
 
 from weightbridge.bridge import RolloutBridge
 from weightbridge.testing.fsdp2 import FSDP2TrainerRank
-from weightbridge.transport.localrun import empty_like_layout
+from weightbridge.tensors import empty_like_layout
 
 
 class DemoTrainerRank(FSDP2TrainerRank):
@@ -33,8 +33,7 @@ class DemoRolloutRank:
         resolved = ctx.resolved()
         self.rank = ctx.rank
         self.live = empty_like_layout(resolved.rollout.ranks[ctx.rank])
-        self.bridge = RolloutBridge.from_spec(resolved, rank=ctx.rank, tensors=self.live,
-                                              staging=resolved.sync.mode == "async", **ctx.bridge_kwargs())
+        self.bridge = RolloutBridge.from_spec(resolved, rank=ctx.rank, tensors=self.live, **ctx.bridge_kwargs())
 
     def __getattr__(self, name: str):
         """poll(), apply(), version, torn, close(): the bridge's own (this rank wraps nothing else)."""

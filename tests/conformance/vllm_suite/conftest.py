@@ -7,7 +7,7 @@ import wbconf_vllm_sides
 @pytest.fixture(scope="session")
 def wb_vllm_model(tmp_path_factory):
     """The bundled tiny-qwen2-vllm as a float32 HF checkpoint (random init), written once per session."""
-    from weightbridge.integrations.vllm.selfcheck import write_model
+    from weightbridge.testing.vllm_selfcheck import write_model
 
     return write_model(tmp_path_factory.mktemp("tiny-qwen2-vllm"), "qwen2")
 
@@ -15,11 +15,10 @@ def wb_vllm_model(tmp_path_factory):
 @pytest.fixture
 def wb_spec(wb_vllm_model, tmp_path_factory):
     """FSDP2 dp 2 (float32) -> 2 vLLM engines of TP 1 (the suite writes each run's sync section)."""
-    from weightbridge.integrations.vllm.selfcheck import spec_text
+    from weightbridge.testing.vllm_selfcheck import spec_text
 
     path = tmp_path_factory.mktemp("vllm-spec") / "weightbridge.yaml"
-    text = spec_text("qwen2", wb_vllm_model, tp=1, mode="sync")
-    path.write_text(text.replace("rollout:\n  preset: vllm\n", "rollout:\n  preset: vllm\n  instances: 2\n"))
+    path.write_text(spec_text("qwen2", wb_vllm_model, tp=1, mode="sync", instances=2))
     return path
 
 

@@ -1,7 +1,7 @@
 """The trainer side for the vLLM integration's conformance run: an FSDP2 (dp 2, float32) HF model.
 
 The model is the checkpoint the spec's ``model.config`` points at (the bundled
-``tiny-qwen2-vllm``, written by ``conftest.py``), built as ``weightbridge.integrations.vllm.selfcheck``'s
+``tiny-qwen2-vllm``, written by ``conftest.py``), built as ``weightbridge.testing.vllm_selfcheck``'s
 ``trainer_main`` builds it (transformers' model, ``fully_shard`` per layer and on the whole model);
 the rollout side is :mod:`weightbridge.integrations.vllm.conformance` (a real ``vllm.LLM``).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from weightbridge.testing.fsdp2 import FSDP2TrainerRank
+from weightbridge.testing.fsdp2 import FSDP2TrainerRank, shard_dp
 
 
 class QwenFSDP2TrainerRank(FSDP2TrainerRank):
@@ -20,13 +20,9 @@ class QwenFSDP2TrainerRank(FSDP2TrainerRank):
 
     def build_model(self, ctx, mesh):
         import yaml
-        from torch.distributed.fsdp import fully_shard
         from transformers import AutoConfig, AutoModelForCausalLM
 
         model_dir = Path(yaml.safe_load(Path(ctx.spec_path).read_text())["model"]["config"]).parent
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
+        return shard_dp(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32),
+                        mesh)

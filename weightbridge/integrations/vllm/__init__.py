@@ -34,6 +34,8 @@ INSTALL_HINT = (
     "(CPU build; then pip uninstall -y torchvision torchaudio torchcodec)"
 )
 
+from weightbridge.errors import error_data, error_from_data  # re-exported: errors as RPC-safe data
+
 if TYPE_CHECKING:
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
 
@@ -106,10 +108,12 @@ class WorkerExtension:
         raw bytes] (vLLM's msgpack RPC replies turn tensors into lists); :func:`tensors_from_data`."""
         import torch
 
+        from weightbridge.tensors import dtype_name
+
         out = {}
         for name, t in self._wb_engine().buffers.items():
             cpu = t.detach().to("cpu").contiguous()
-            out[name] = [str(cpu.dtype).removeprefix("torch."), list(cpu.shape),
+            out[name] = [dtype_name(cpu.dtype), list(cpu.shape),
                          cpu.view(-1).view(torch.uint8).numpy().tobytes()]
         return out
 
@@ -125,32 +129,17 @@ class WorkerExtension:
         return engine
 
 
-def error_data(exc: BaseException) -> dict[str, Any]:
-    """A typed error as msgpack-able data (vLLM's RPC replies): class path, attributes, message."""
-    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))}
-    return {"type": f"{type(exc).__module__}:{type(exc).__qualname__}", "attrs": attrs, "message": str(exc)}
-
-
 def tensors_from_data(data: dict[str, Any]) -> dict[str, Any]:
     """CPU tensors from :meth:`WorkerExtension.weightbridge_buffers`'s reply (bit-exact)."""
     import torch
 
+    from weightbridge.tensors import torch_dtype
+
     out = {}
     for name, (dtype, shape, raw) in data.items():
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        out[name] = flat.view(getattr(torch, dtype)).reshape(shape)
+        out[name] = flat.view(torch_dtype(dtype)).reshape(shape)
     return out
-
-
-def error_from_data(data: dict[str, Any]) -> BaseException:
-    """Re-create the error :func:`error_data` described (same class, attributes and message)."""
-    import pkgutil
-
-    cls = pkgutil.resolve_name(data["type"])
-    exc = cls.__new__(cls)
-    exc.args = (data["message"],)
-    vars(exc).update(data["attrs"])
-    return exc
 
 
 def __getattr__(name: str) -> Any:

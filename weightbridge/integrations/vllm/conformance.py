@@ -32,7 +32,8 @@ Two things specific to running inside the suite's rank process:
   process with ``multiprocessing``, which refuses children of daemonic processes: the unit clears
   the current process's daemon flag first. ``close()`` shuts vLLM down; when the suite kills the
   rank process instead (deadline, fault scenarios), a watchdog process kills vLLM's processes.
-* the suite's fault hook (``on_round``) must run in the vLLM worker that receives; vLLM sends
+* the suite's fault hook (``on_round`` in ``bridge_kwargs()["options"]``) must run in the vLLM worker
+  that receives; vLLM sends
   ``init_info`` as msgpack, so it travels pickled as base64 text in the test-only
   ``init_info.on_round`` field (see :class:`~weightbridge.integrations.vllm.engine.WeightbridgeInitInfo`).
 """
@@ -72,7 +73,7 @@ class VLLMRolloutUnit:
 
     def __init__(self, ctx: Any, **llm_kwargs: Any) -> None:
         from weightbridge.integrations.vllm.driver import VLLMWeightSync
-        from weightbridge.integrations.vllm.selfcheck import make_llm
+        from weightbridge.testing.vllm_selfcheck import make_llm
 
         resolved = ctx.resolved()
         self.ranks = tuple(ctx.ranks)
@@ -94,8 +95,7 @@ class VLLMRolloutUnit:
             cache = Path(ctx.spec_path).resolve().parent.parent / "vllm-probe"
             self.sync = VLLMWeightSync(
                 self.llm, ctx.spec_path, host=kw.pop("host"), port=kw.pop("port"), instance=ctx.instance or 0,
-                staging=True, probe="check", cache_dir=str(cache), prefix=kw.pop("prefix"),
-                heartbeat_s=kw.pop("heartbeat_s"), on_round=kw.pop("on_round", None),
+                staging=True, probe="check", cache_dir=str(cache), options=kw.pop("options"),
             )
             if kw:
                 raise TypeError(f"{self.label}: bridge kwargs this unit does not forward: {sorted(kw)}")
@@ -134,7 +134,10 @@ class VLLMRolloutUnit:
             if typed:
                 raise error_from_data(typed[0]) from exc
             raise
-        assert applied is not None
+        if applied is None:
+            from weightbridge.errors import ProtocolError
+
+            raise ProtocolError(self.label, f"update({want}) returned no version")
         return applied
 
     @property

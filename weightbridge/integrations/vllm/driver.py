@@ -9,17 +9,22 @@
 
 Each ``update`` is vLLM's weight-update protocol: ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update``, each a ``collective_rpc`` the engine core runs
-between engine steps, so generation never sees a half-written model. ``update()`` with no
-version first reads the workers' ``staged`` acks from the control store and skips the protocol
-entirely when nothing new is complete.
+between engine steps, so generation never sees a half-written model. In the workers each
+``update_weights`` is the bridge's instance-level apply (``RolloutBridge.apply_instance``), so all
+TP/PP workers apply the same version. The driver reads the instance's versions through the
+bridge's :class:`~weightbridge.bridge.InstanceView` (never raw store keys): ``update()`` with no
+version skips the protocol when nothing new is complete, and ``version`` is what every worker applied.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from weightbridge.integrations.vllm import BACKEND
+
+log = logging.getLogger(__name__)
 
 
 class VLLMWeightSync:
@@ -37,13 +42,19 @@ class VLLMWeightSync:
         probe: str = "check",
         cache_dir: str | None = None,
         timeout_s: float | None = None,
-        prefix: str = "wb",
-        heartbeat_s: float = 1.0,
-        on_round: Any = None,
+        options: Any = None,
     ) -> None:
-        """``on_round``: a picklable callable the workers' bridges call after each receive round;
-        a test hook (the conformance suite injects faults with it), sent pickled to the workers."""
-        from weightbridge.bridge import load_spec
+        """``options``: the workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``,
+        a picklable callable the workers' bridges call after each receive round: a test hook the
+        conformance suite injects faults with, sent pickled to the workers; no ``data_plane``).
+        ``staging`` (default: the spec's) applies to every worker. ``timeout_s``: the default wait of
+        :meth:`update` (default: the spec's ``sync.timeout_s``)."""
+        from weightbridge.bridge import BridgeOptions, InstanceView, load_spec
+
+        options = options if options is not None else BridgeOptions()
+        if options.data_plane is not None:
+            raise ValueError("BridgeOptions.data_plane cannot reach vLLM's worker processes")
+        prefix, on_round = options.prefix, options.on_round
 
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
         if backend != BACKEND:
@@ -60,14 +71,14 @@ class VLLMWeightSync:
         self.prefix = prefix
         self.timeout_s = float(timeout_s or self.resolved.sync.timeout_s)
         self.version: int | None = None
-        ranks = sorted(self.resolved.rollout.instance_ranks(instance), key=lambda r: r.local_rank)
-        self.rollout_ranks = [r.rank for r in ranks]
-        self._store = _client_store(host, port, self.timeout_s)
+        self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=prefix,
+                                         timeout_s=self.timeout_s)
+        self.rollout_ranks = list(self.view.ranks)
         init_info = {
             "spec": text, "spec_name": str(spec) if is_file else "<spec>",
             "base_dir": str(path.resolve().parent) if is_file else str(Path.cwd()),
             "host": host, "port": int(port), "instance": instance, "staging": staging, "probe": probe,
-            "cache_dir": cache_dir, "timeout_s": self.timeout_s, "prefix": prefix, "heartbeat_s": heartbeat_s,
+            "cache_dir": cache_dir, "timeout_s": self.timeout_s, "prefix": prefix,
         }
         if on_round is not None:
             import base64
@@ -77,9 +88,8 @@ class VLLMWeightSync:
         llm.init_weight_transfer_engine({"init_info": init_info})
 
     def staged(self) -> int | None:
-        """The newest version every worker of this instance has complete (from their acks), or None."""
-        versions = self._acked("staged")
-        return None if versions is None else min(versions)
+        """The newest version every worker of this instance has complete, or None."""
+        return self.view.staged()
 
     def update(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
         """Apply ``version`` (wait for it, up to ``timeout_s``) or, with None, the newest complete one.
@@ -97,33 +107,22 @@ class VLLMWeightSync:
         info = {"version": version, "timeout_s": float(timeout_s or self.timeout_s)}
         try:
             self.llm.update_weights({"update_info": info})
-        finally:
-            applied = self._applied()
-            self.llm.finish_weight_update(weight_version=None if applied is None else str(applied))
-            self.version = applied
+        except BaseException:
+            # The engine keeps serving; finish the protocol, but never let that hide the update's error.
+            try:
+                self._finish()
+            except Exception as exc:  # noqa: BLE001 - logged; the original error is the one raised
+                log.warning("rollout instance %d: finishing after a failed update also failed: %s", self.instance, exc)
+            raise
+        applied = self._finish()
         return applied if (version is not None or applied != previous) else None
 
-    def _applied(self) -> int | None:
-        versions = self._acked("applied")
-        if versions is None:
-            return None
-        if len(set(versions)) != 1:
-            raise RuntimeError(
-                f"rollout instance {self.instance}: workers report different versions {sorted(set(versions))}"
-            )
-        return versions[0]
-
-    def _acked(self, stage: str) -> list[int] | None:
-        """The version each worker of this instance last acked at ``stage``; None if one never did."""
-        from weightbridge.sync.messages import Ack, Keys, decode
-
-        keys = [Keys(self.prefix).ack(stage, r) for r in self.rollout_ranks]
-        if not self._store.check(keys):
-            return None
-        return [decode(self._store.get(k), Ack).version for k in keys]
-
-
-def _client_store(host: str, port: int, timeout_s: float) -> Any:
-    from weightbridge.transport.store import open_store
-
-    return open_store(host, port, is_master=False, timeout_s=timeout_s)
+    def _finish(self) -> int | None:
+        """End vLLM's update protocol with the version the workers now serve (read from the bridge)."""
+        applied = None
+        try:
+            applied = self.view.applied()
+        finally:
+            self.llm.finish_weight_update(weight_version=None if applied is None else str(applied))
+        self.version = applied
+        return applied

@@ -8,9 +8,10 @@ engine steps (each is a ``collective_rpc`` from the driver, so every worker of t
                                  vLLM's own ``load_weights``, pins), join the bridge as rollout rank
                                  ``instance * world_size + worker rank``
 ``start_weight_update()``        begin vLLM's layerwise reload (:class:`ReloadSession`)
-``update_weights(info)``         agree with the other workers on a complete version (waiting up to
-                                 ``timeout_s`` for ``info.version``), apply it to the receive
-                                 buffers, write them into the model
+``update_weights(info)``         every worker calls ``RolloutBridge.apply_instance`` (the bridge's
+                                 instance-level apply: the workers agree on one complete version
+                                 through the control store, waiting up to ``timeout_s`` for
+                                 ``info.version``), then writes the receive buffers into the model
 ``finish_weight_update()``       finalise the reload (post-processing re-runs)
 
 Receive buffers: one copy of the rank's checkpoint-format shard (``sync`` mode: received in place,
@@ -34,19 +35,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from weightbridge.integrations.vllm.probing import EngineMismatch
 from weightbridge.integrations.vllm.reload import ReloadSession
-from weightbridge.sync.errors import BridgeError, DeadlineExceeded, PeerFailed
+from weightbridge.errors import BridgeError
 
 log = logging.getLogger(__name__)
-
-
-class EngineMismatch(BridgeError):
-    """The spec does not describe this vLLM engine (mesh, layout or pinned fingerprint); names the rank."""
-
-    def __init__(self, rank: str, message: str) -> None:
-        self.rank = rank
-        self.message = message
-        super().__init__(f"{rank}: {message}")
 
 
 @dataclass
@@ -59,12 +52,11 @@ class WeightbridgeInitInfo(WeightTransferInitInfo):
     spec_name: str = "<spec>"  # for error messages
     base_dir: str | None = None  # relative model paths in the spec resolve against this
     instance: int = 0  # which rollout instance of the spec this engine is
-    staging: bool | None = None  # None: True in async mode, False in sync mode
+    staging: bool | None = None  # None: the spec's sync.staging (default: True in async mode, else False)
     probe: str = "check"  # "check": probe vLLM's load_weights (cached) and require the spec's layout; "off"
     cache_dir: str | None = None  # probe cache (default ~/.cache/weightbridge/vllm-probe)
-    timeout_s: float | None = None  # default: the spec's sync.timeout_s
-    prefix: str = "wb"
-    heartbeat_s: float = 1.0
+    timeout_s: float | None = None  # update_weights' default wait (default: the spec's sync.timeout_s)
+    prefix: str = "wb"  # the bridge's store key prefix (BridgeOptions.prefix)
     # Test hook only (the conformance suite's fault injection): a pickled ``on_round`` callable,
     # base64 text because vLLM sends init_info as msgpack. Unpickling runs code: never set it from
     # untrusted input. None (the default) in production.
@@ -111,10 +103,10 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     # -- init ---------------------------------------------------------------------------------
     def init_transfer_engine(self, init_info: WeightbridgeInitInfo) -> None:
-        from weightbridge.bridge import RolloutBridge
+        from weightbridge.bridge import BridgeOptions, RolloutBridge
         from weightbridge.spec.errors import SpecErrors
         from weightbridge.spec.resolve import check_text
-        from weightbridge.transport.localrun import empty_like_layout
+        from weightbridge.tensors import empty_like_layout
 
         if self.bridge is not None:  # re-initialised (a new spec or phase): leave the old bridge
             self.bridge.close()
@@ -131,7 +123,6 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             self.probed = check_against_engine(self, resolved, layout, cache_dir=init_info.cache_dir)
         elif init_info.probe != "off":
             raise ValueError(f"init_info.probe must be 'check' or 'off', got {init_info.probe!r}")
-        staging = init_info.staging if init_info.staging is not None else resolved.sync.mode == "async"
         self.timeout_s = float(init_info.timeout_s or resolved.sync.timeout_s)
         self.buffers = empty_like_layout(layout, device=self.device)
         on_round = None
@@ -142,10 +133,10 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             on_round = pickle.loads(base64.b64decode(init_info.on_round))
         self.bridge = RolloutBridge.from_spec(
             resolved, rank=layout.rank, tensors=self.buffers, host=init_info.host, port=init_info.port,
-            staging=staging, prefix=init_info.prefix, timeout_s=self.timeout_s, heartbeat_s=init_info.heartbeat_s,
-            on_round=on_round,
+            staging=init_info.staging, options=BridgeOptions(prefix=init_info.prefix, on_round=on_round),
         )
-        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers), staging)
+        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
+                 self.bridge.staging)
 
     def _my_layout(self, resolved: Any, instance: int) -> Any:
         pc = self.parallel_config
@@ -182,7 +173,8 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             raise RuntimeError(f"{self.me}: update_weights before start_weight_update")
         t0 = time.perf_counter()
         try:
-            version = self._agree_and_apply(update_info.version, float(update_info.timeout_s or self.timeout_s))
+            version = self.bridge.apply_instance(update_info.version,
+                                                 timeout_s=float(update_info.timeout_s or self.timeout_s))
         except BridgeError as exc:  # vLLM's RPC re-raises it untyped; the driver can fetch it typed
             self.last_error = exc
             raise
@@ -208,58 +200,11 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     def status(self) -> dict[str, Any]:
         return {
-            "rank": self.me, "version": self.stats.version, "updates": self.stats.updates,
+            "rank": self.me, "version": self.bridge.version if self.bridge is not None else self.stats.version,
+            "updates": self.stats.updates,
             "history": list(self.stats.history), "wait_s": self.stats.wait_s, "apply_s": self.stats.apply_s,
             "write_s": self.stats.write_s,
         }
-
-    # -- agreement across the engine's workers ------------------------------------------------
-    def _agree_and_apply(self, want: int | None, timeout_s: float) -> int | None:
-        """Apply the same complete version on every worker of this engine, or none.
-
-        Each round every worker polls (in place: receives here), try-holds its staged version,
-        and the workers all-reduce (-staged, staged, past-deadline, failed) over vLLM's CPU world group:
-        they apply only when all staged the same version (>= ``want``), so TP ranks never serve
-        a mix of versions. A rank never blocks while holding (see ``RolloutBridge.try_hold``).
-        Every worker takes the same branch because the decision uses only all-reduced values.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            error: BaseException | None = None
-            try:
-                self.bridge.poll()  # raises a failed receive once; the others must hear of it
-            except BridgeError as exc:
-                error = exc
-            held = error is None and self.bridge.try_hold()
-            try:
-                staged = self.bridge.staged_version if held else None
-                s = -1 if staged is None else staged
-                neg_min, top, late, failed = self._all_reduce_max(
-                    [-s, s, int(time.monotonic() > deadline), int(error is not None)]
-                )
-                if failed:  # every worker leaves the loop together: no one is left in the all-reduce
-                    raise error or PeerFailed(self.me, "another worker of this engine", "its receive failed")
-                low = -neg_min
-                if low == top and low >= 0 and (want is None or low >= want):
-                    return self.bridge.apply()
-            finally:
-                if held:
-                    self.bridge.release()
-            if want is None:
-                return None
-            if late:
-                raise DeadlineExceeded(self.me, f"version {want} complete on every worker of this engine", timeout_s)
-            time.sleep(0.005)
-
-    def _all_reduce_max(self, values: list[int]) -> list[int]:
-        if self.parallel_config.world_size == 1:
-            return values
-        import torch.distributed as dist
-        from vllm.distributed.parallel_state import get_world_group
-
-        t = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=get_world_group().cpu_group)
-        return [int(x) for x in t.tolist()]
 
     def _require_init(self) -> None:
         if self.bridge is None:

@@ -26,12 +26,22 @@ from typing import Any
 
 import torch
 
+from weightbridge.errors import BridgeError
 from weightbridge.layout.ir import RankLayout
 from weightbridge.layout.normalize import layout_fingerprint
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "WEIGHTBRIDGE_CACHE_DIR"
+
+
+class EngineMismatch(BridgeError):
+    """The spec does not describe this vLLM engine (mesh, layout or pinned fingerprint); names the rank."""
+
+    def __init__(self, rank: str, message: str) -> None:
+        self.rank = rank
+        self.message = message
+        super().__init__(f"{rank}: {message}")
 
 
 def default_cache_dir() -> Path:
@@ -95,7 +105,6 @@ def probe_vllm_worker(vllm_config: Any, device: torch.device, canonical: Any, la
 def check_against_engine(engine: Any, resolved: Any, layout: RankLayout, *, cache_dir: str | None = None) -> RankLayout:
     """Probe (or read the cached probe of) this worker's loader; raise ``EngineMismatch`` unless it
     equals the spec's layout for this rank and any pinned fingerprint. Returns the probed layout."""
-    from weightbridge.integrations.vllm.engine import EngineMismatch
     from weightbridge.probe import read_probe_json, write_probe_json
     from weightbridge.probe.diff import diff_layouts, format_diff
 

@@ -1,4 +1,13 @@
-"""Pack plan items into wire buffers and unpack them into destination tensors (pure torch).
+"""Torch tensor helpers (pure torch, no torch.distributed): the one place for dtype names and box copies.
+
+* dtype names: :func:`torch_dtype` (``"bfloat16"`` -> ``torch.bfloat16``) and :func:`dtype_name`
+  (the inverse), the only conversion between the IR's dtype strings and torch dtypes;
+* box copies: :func:`read_canonical` / :func:`write_canonical` (a local box as canonical elements),
+  :func:`pack_items` / :func:`unpack_items` (plan items into and out of wire buffers) and
+  :func:`apply_local_copies`;
+* tensors of a layout: :func:`empty_like_layout` (a receiver's destination), :func:`materialize`
+  (a rank's local tensors from full canonical tensors), :func:`canonical_tensor(s)` (deterministic
+  values, the same in every process), :func:`bitwise_equal` / :func:`diff_tensors`.
 
 The wire format is the one of :mod:`weightbridge.plan.types`: a bucket's buffer is its
 items back to back, each item being the elements of its ``canonical_box`` in
@@ -18,17 +27,19 @@ Writing is the inverse (:func:`write_canonical`): the canonical-order values are
 region order (permuted view when transposed) and copied into the region with
 ``Tensor.copy_``, which casts to the destination dtype. No full local tensor is ever
 gathered or copied; every copy touches the boxes only.
-
-No torch.distributed here.
 """
+
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from weightbridge.layout.box import Box, box_shape
+from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, RankLayout
 
 _DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -163,3 +174,103 @@ def apply_local_copies(copies: Iterable, tensors: Mapping[str, torch.Tensor], ra
         write_canonical(tensors[c.dst_tensor], c.dst_box, c.dst_transpose, vals)
         n += 1
     return n
+
+
+# ---------------------------------------------------------------------------
+# tensors of a layout
+# ---------------------------------------------------------------------------
+
+
+def canonical_tensor(t: CanonicalTensor, *, seed: int = 0, dtype: str | None = None, device: Any = "cpu") -> torch.Tensor:
+    """Deterministic values for canonical tensor ``t`` (depends on name and seed only)."""
+    dt = torch_dtype(dtype or t.dtype)
+    g = torch.Generator().manual_seed((zlib.crc32(t.name.encode()) * 1_000_003 + seed) & 0x7FFF_FFFF_FFFF)
+    if dt.is_floating_point:
+        x = torch.randn(t.shape, generator=g, dtype=torch.float32).to(dt)
+    elif dt == torch.bool:
+        x = torch.randint(0, 2, t.shape, generator=g).bool()
+    else:
+        x = torch.randint(-100, 100, t.shape, generator=g).to(dt)
+    return x.to(device)
+
+
+def canonical_tensors(
+    model: CanonicalModel,
+    *,
+    seed: int = 0,
+    dtype: str | None = None,
+    names: Iterable[str] | None = None,
+    device: Any = "cpu",
+) -> dict[str, torch.Tensor]:
+    """:func:`canonical_tensor` for every tensor of ``model`` (or only ``names``)."""
+    wanted = None if names is None else set(names)
+    return {
+        t.name: canonical_tensor(t, seed=seed, dtype=dtype, device=device)
+        for t in model
+        if wanted is None or t.name in wanted
+    }
+
+
+def needed_names(layout: RankLayout) -> set[str]:
+    """Canonical tensor names a rank's layout is made of."""
+    return {p.canonical for _, p in layout.pieces()}
+
+
+def empty_like_layout(layout: RankLayout, *, device: Any = "cpu", fill: float = 0.0, dtype: str | None = None) -> dict[str, torch.Tensor]:
+    """Local tensors of ``layout`` filled with ``fill`` (a receiver's destination before an update)."""
+    return {
+        t.name: torch.full(t.shape, fill, dtype=torch_dtype(dtype or t.dtype), device=device) for t in layout.tensors
+    }
+
+
+def materialize(
+    layout: RankLayout,
+    canonical: Mapping[str, torch.Tensor],
+    *,
+    device: Any = "cpu",
+    fill: float = 0.0,
+    dtype: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """The local tensors of ``layout`` (in their IR dtype, or ``dtype``) from full canonical tensors.
+
+    Every piece's ``canonical_box`` is copied into its ``local_box`` (row-major correspondence,
+    transposed when the piece says so); elements no piece covers keep ``fill``.
+    """
+    out = empty_like_layout(layout, device=device, fill=fill, dtype=dtype)
+    for t in layout.tensors:
+        for p in t.pieces:
+            vals = read_canonical(canonical[p.canonical], p.canonical_box, False, box_shape(p.canonical_box))
+            write_canonical(out[t.name], p.local_box, p.transpose, vals.to(device))
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    size = t.element_size()
+    if t.dtype == torch.bool or not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaN payloads and -0.0 included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(_bits(a.cpu()), _bits(b.cpu())))
+
+
+def diff_tensors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], limit: int = 5) -> list[str]:
+    """Human-readable list of tensors that differ bitwise (empty when all equal)."""
+    bad = []
+    for name in sorted(set(got) | set(want)):
+        if name not in got or name not in want:
+            bad.append(f"{name}: {'missing' if name not in got else 'unexpected'}")
+        elif not bitwise_equal(got[name], want[name]):
+            g, w = got[name], want[name]
+            if g.shape == w.shape and g.dtype == w.dtype:
+                n = int((_bits(g.cpu()) != _bits(w.cpu())).sum())
+                bad.append(f"{name}: {n} of {g.numel()} elements differ")
+            else:
+                bad.append(f"{name}: {list(g.shape)} {g.dtype} vs {list(w.shape)} {w.dtype}")
+        if len(bad) >= limit:
+            break
+    return bad

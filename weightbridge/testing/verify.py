@@ -1,6 +1,6 @@
 """Check local tensors bitwise against canonical ones, through the layout IR (tests, demo).
 
-(Build expected local tensors with :func:`weightbridge.transport.localrun.materialize`.) :func:`mismatches` walks a rank's :class:`~weightbridge.layout.ir.RankLayout` pieces: the
+(Build expected local tensors with :func:`weightbridge.tensors.materialize`.) :func:`mismatches` walks a rank's :class:`~weightbridge.layout.ir.RankLayout` pieces: the
 canonical box of each piece against the local box it lives in. Padding elements (no
 piece) are neither written nor checked.
 """
@@ -13,7 +13,7 @@ import torch
 
 from weightbridge.layout.box import box_shape, format_box
 from weightbridge.layout.ir import RankLayout
-from weightbridge.transport.pack import read_canonical
+from weightbridge.tensors import read_canonical
 
 
 def _slices(box):

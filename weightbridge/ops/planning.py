@@ -7,6 +7,7 @@ bytes relative to their side's mean. Pure: no torch, no process group.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,9 @@ def plan_spec(
     *,
     network: str | None = None,
     round_bytes: int | None = None,
-    receiver_dedup: str = "auto",
+    receiver_dedup: str | None = None,
 ) -> PlanReport:
-    """Plan one update of ``resolved``; ``network`` / ``round_bytes`` override the spec's.
+    """Plan one update of ``resolved``; ``network`` / ``round_bytes`` / ``receiver_dedup`` override the spec's.
 
     Raises :class:`SpecErrors` (path ``$.network...``) when the network is not a valid preset
     name or mapping.
@@ -55,11 +56,14 @@ def plan_spec(
                 for e in errors
             ]
         ) from None
+    t0 = time.perf_counter()
     plan = planner.build_plan(resolved.trainer, resolved.rollout, round_bytes=int(round_bytes or sync.round_bytes),
-                              network=net, receiver_dedup=receiver_dedup)
+                              network=net, receiver_dedup=receiver_dedup or sync.receiver_dedup)
+    planning_seconds = time.perf_counter() - t0  # beside the plan: a measurement, not part of the value
     problems = planner.validate_plan(plan, resolved.trainer, resolved.rollout, canonical=resolved.canonical)
     metrics = planner.plan_metrics(plan, resolved.trainer, resolved.rollout, network=net, sync_mode=sync.mode,
-                                   max_staleness=sync.max_staleness, problems=problems)
+                                   max_staleness=sync.max_staleness, problems=problems,
+                                   planning_seconds=planning_seconds)
     return PlanReport(plan, problems, metrics, net)
 
 

@@ -4,19 +4,22 @@ Processes:
 
 * the driver (the caller's process, ``if __name__ == "__main__":`` guarded: vLLM spawns) hosts
   the control store, starts the trainer ranks, owns the ``vllm.LLM`` and drives updates;
-* 2 trainer ranks (:func:`trainer_main`, Gloo, FSDP2 ``fully_shard`` over dp=2, float32
-  master weights, real AdamW steps on a fixed token pattern) push every version; rank 0 also
+* 2 trainer ranks (:func:`trainer_main`: :class:`~weightbridge.testing.fsdp2.FSDP2World`, Gloo,
+  ``fully_shard`` over dp=2, float32 master weights, real AdamW steps on a fixed token pattern)
+  push every version; rank 0 also
   saves the full model (``save_pretrained``: HF checkpoint names) and the HF model's greedy
   continuations of :data:`PROMPTS` for each version, for verification only;
 * vLLM's workers receive (weightbridge's engine backend).
 
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
 ``tiny-qwen3-moe-vllm`` (fused experts; the trainer holds transformers' fused
-``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules).
+``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules). Specs are data
+(:func:`spec_data`), written as YAML by :func:`spec_text`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 MODELS = {"qwen2": "tiny-qwen2-vllm", "qwen3-moe": "tiny-qwen3-moe-vllm"}
 PROMPTS = [[5, 17, 33, 42, 99, 7], [1, 2, 3, 4, 5, 6, 7, 8]]
@@ -31,61 +35,63 @@ NEW_TOKENS = 8
 
 # transformers keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]);
 # FSDP2 shards them on dim 0, i.e. deals experts over dp.
-MOE_TRAINER_RULES = """\
-  rules:
-    - local: model.layers.{layer}.mlp.experts.gate_up_proj
-      stack: {count: num_experts, axis: dp}
-      concat:
-        dim: 0
-        parts:
-          - {canonical: "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"}
-          - {canonical: "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"}
-    - local: model.layers.{layer}.mlp.experts.down_proj
-      stack: {count: num_experts, axis: dp}
-      canonical: model.layers.{layer}.mlp.experts.{expert}.down_proj.weight
-"""
-
-SPEC = """\
-# {kind}: FSDP2 dp2 trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).
-version: 1
-model: {{config: {model_dir}/config.json}}
-trainer:
-  preset: fsdp2
-  mesh: {{dp: 2}}
-{trainer_rules}rollout:
-  preset: vllm
-  mesh: {{tp: {tp}}}
-sync:
-  mode: {mode}
-  max_staleness: 1
-  round_bytes: 64MiB
-  transport: gloo
-  timeout_s: {timeout_s}
-"""
-
+MOE_TRAINER_RULES: list[dict[str, Any]] = [
+    {"local": "model.layers.{layer}.mlp.experts.gate_up_proj",
+     "stack": {"count": "num_experts", "axis": "dp"},
+     "concat": {"dim": 0, "parts": [
+         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
+         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
+     ]}},
+    {"local": "model.layers.{layer}.mlp.experts.down_proj",
+     "stack": {"count": "num_experts", "axis": "dp"},
+     "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
+]
 
 # A plausible mistake: q, v, k instead of q, k, v in the fused projection (same shapes).
-WRONG_QKV_RULE = """\
-  rules:
-    - local: model.layers.{layer}.self_attn.qkv_proj.weight
-      concat:
-        dim: 0
-        parts:
-          - {canonical: "model.layers.{layer}.self_attn.q_proj.weight", shard: [{dim: 0, axis: tp, blocks: num_heads}]}
-          - {canonical: "model.layers.{layer}.self_attn.v_proj.weight",
-             shard: [{dim: 0, axis: tp, blocks: num_kv_heads, replicate: true}]}
-          - {canonical: "model.layers.{layer}.self_attn.k_proj.weight",
-             shard: [{dim: 0, axis: tp, blocks: num_kv_heads, replicate: true}]}
-"""
 
 
-def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0,
-              rollout_rules: str = "") -> str:
-    rules = MOE_TRAINER_RULES if kind == "qwen3-moe" else ""
-    text = SPEC.format(kind=kind, model_dir=Path(model_dir).resolve(), trainer_rules=rules, tp=tp, mode=mode,
-                       timeout_s=timeout_s)
-    mesh = f"  mesh: {{tp: {tp}}}\n"
-    return text.replace(f"rollout:\n  preset: vllm\n{mesh}", f"rollout:\n  preset: vllm\n{mesh}{rollout_rules}")
+def _kv_shard() -> list[dict[str, Any]]:
+    return [{"dim": 0, "axis": "tp", "blocks": "num_kv_heads", "replicate": True}]
+
+
+WRONG_QKV_RULES: list[dict[str, Any]] = [
+    {"local": "model.layers.{layer}.self_attn.qkv_proj.weight",
+     "concat": {"dim": 0, "parts": [
+         {"canonical": "model.layers.{layer}.self_attn.q_proj.weight",
+          "shard": [{"dim": 0, "axis": "tp", "blocks": "num_heads"}]},
+         {"canonical": "model.layers.{layer}.self_attn.v_proj.weight", "shard": _kv_shard()},
+         {"canonical": "model.layers.{layer}.self_attn.k_proj.weight", "shard": _kv_shard()},
+     ]}},
+]
+
+
+def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
+              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None) -> dict[str, Any]:
+    """The selfcheck's spec: FSDP2 dp2 trainer (float32) -> vLLM TP ``tp`` (``instances`` engines)."""
+    trainer: dict[str, Any] = {"preset": "fsdp2", "mesh": {"dp": 2}}
+    if kind == "qwen3-moe":
+        trainer["rules"] = copy.deepcopy(MOE_TRAINER_RULES)
+    rollout: dict[str, Any] = {"preset": "vllm", "mesh": {"tp": tp}}
+    if instances is not None:
+        rollout["instances"] = instances
+    if rollout_rules:
+        rollout["rules"] = copy.deepcopy(rollout_rules)
+    return {
+        "version": 1,
+        "model": {"config": f"{Path(model_dir).resolve()}/config.json"},
+        "trainer": trainer,
+        "rollout": rollout,
+        "sync": {"mode": mode, "max_staleness": 1, "round_bytes": "64MiB", "transport": "gloo",
+                 "timeout_s": timeout_s, "heartbeat_s": 0.5},
+    }
+
+
+def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
+              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None) -> str:
+    """:func:`spec_data` as YAML."""
+    data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances)
+    head = f"# {kind}: FSDP2 dp2 trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).\n"
+    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def hf_config(kind: str, **overrides: Any) -> Any:
@@ -129,78 +135,64 @@ def version_dir(workdir: str | Path, version: int) -> Path:
 
 
 def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One trainer rank (launched by :func:`weightbridge.transport.localrun.launch`).
+    """One trainer rank (launched by :func:`weightbridge.testing.localrun.launch`).
 
     ``job``: rank, host, port (control store, hosted by the driver), model_dir, workdir,
     phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr.
     """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
-    from weightbridge.bridge import TrainerBridge, load_spec
+    from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
+    from weightbridge.testing.fsdp2 import FSDP2World, shard_dp
     from weightbridge.transport.store import open_store
 
     rank, world = job["rank"], 2
     store = open_store(job["host"], job["port"], is_master=False, timeout_s=job["timeout_s"])
-    dist.init_process_group("gloo", store=dist.PrefixStore("selfcheck/trainer-world/", store), rank=rank,
-                            world_size=world)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
+
+    def build(mesh: Any) -> torch.nn.Module:
+        return shard_dp(AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32), mesh)
+
+    trainer = FSDP2World(build, rank=rank, world_size=world, store=store, prefix="selfcheck/trainer-world/")
     plain = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32) if rank == 0 else None
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=job.get("lr", 3e-3))
-    params = dict(model.named_parameters())
-    vocab = model.config.vocab_size
+    opt = torch.optim.AdamW(trainer.model.parameters(), lr=job.get("lr", 3e-3))
+    vocab = trainer.model.config.vocab_size
     records: list[dict[str, Any]] = []
     version = 0
     try:
         for phase in job["phases"]:
             resolved = load_spec(phase["spec"])
-            bridge = TrainerBridge.from_spec(resolved, rank=rank, tensors=_local(params), store=store,
-                                             prefix=phase["prefix"], heartbeat_s=0.5)
+            bridge = TrainerBridge.from_spec(resolved, rank=rank, tensors=trainer.tensors(), store=store,
+                                             options=BridgeOptions(prefix=phase["prefix"]))
             try:
                 for _ in range(phase["steps"]):
                     version += 1
                     if job.get("go_key"):  # the bench paces the steps so that timings do not overlap
                         store.wait([f"{job['go_key']}/{version}"])
-                    loss = _train_step(model, opt, vocab, version)
+                    loss = trainer.step(opt, _tokens(vocab, version))
                     # Verification (and the bench's baseline): gather the full model (a collective), save it.
                     t0 = time.perf_counter()
-                    full = {name: p.full_tensor().detach() for name, p in params.items()}
+                    full = trainer.full_tensors()
                     t1 = time.perf_counter()
                     if plain is not None:
                         _save_version(plain, full, job["workdir"], version, greedy_too=not job.get("go_key"))
                     t2 = time.perf_counter()
                     wall0 = time.time()
-                    stats = bridge.push(version, tensors=_local(params))
+                    stats = bridge.push(version, tensors=trainer.tensors())
                     records.append({"phase": phase["prefix"], "version": version, "loss": loss,
                                     "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
                                     "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
             finally:
                 bridge.close()
     finally:
-        dist.destroy_process_group()
+        trainer.close()
     return records
 
 
-def _local(params: dict[str, Any]) -> dict[str, torch.Tensor]:
-    return {name: p.to_local() for name, p in params.items()}
-
-
-def _train_step(model: torch.nn.Module, opt: Any, vocab: int, version: int) -> float:
-    """One AdamW step on a fixed arithmetic token pattern (a different offset per version)."""
+def _tokens(vocab: int, version: int) -> torch.Tensor:
+    """A fixed arithmetic token pattern (a different offset per version) to train on."""
     g = torch.Generator().manual_seed(version)
     start = torch.randint(0, vocab, (4, 1), generator=g)
-    ids = (start + 3 * torch.arange(24)) % vocab
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return float(loss.detach())
+    return (start + 3 * torch.arange(24)) % vocab
 
 
 def _save_version(plain: torch.nn.Module, full: dict[str, torch.Tensor], workdir: str, version: int, *,
@@ -257,8 +249,9 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     """
     import threading
 
+    from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.transport.localrun import launch
+    from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 
     workdir = Path(workdir)
@@ -284,8 +277,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     try:
         for phase in phases:
             t0 = time.perf_counter()
-            sync = VLLMWeightSync(llm, phase["spec"], host="127.0.0.1", port=master.port, prefix=phase["prefix"],
-                                  heartbeat_s=0.5)
+            sync = VLLMWeightSync(llm, phase["spec"], host="127.0.0.1", port=master.port,
+                                  options=BridgeOptions(prefix=phase["prefix"]))
             log(f"[selfcheck] {phase['mode']}: engine joined the bridge in {time.perf_counter() - t0:.1f}s")
             last = steps * (1 + phases.index(phase))
             deadline = time.monotonic() + timeout_s * (steps + 1)
@@ -308,9 +301,9 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
         # Last: after a worker raises, vLLM's RPC may hand the other workers' late replies to the
         # next call, so an engine whose init failed should be restarted, not reused.
         if check_wrong_spec:  # the engine's loader is the truth: a spec that disagrees fails at init
-            wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULE)
+            wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULES)
             try:
-                VLLMWeightSync(llm, wrong, host="127.0.0.1", port=master.port, prefix="wb-wrong")
+                VLLMWeightSync(llm, wrong, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-wrong"))
                 report["wrong_spec_error"] = None
             except Exception as exc:  # noqa: BLE001 - vLLM re-raises the worker's error as its own type
                 report["wrong_spec_error"] = f"{type(exc).__name__}: {exc}"

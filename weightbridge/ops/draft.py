@@ -20,6 +20,9 @@ ROLLOUT_PRESETS = ("vllm", "sglang", "hf")
 SYNC_MODES = ("sync", "async", "colocated")
 DEFAULT_ROUND_BYTES = "1GiB"
 DEFAULT_NETWORK = "h100"
+TRANSPORTS = ("auto", "nccl", "gloo")
+# The network preset of the planner's cost model that matches a transport (weightbridge.plan.network).
+NETWORK_FOR_TRANSPORT = {"auto": DEFAULT_NETWORK, "nccl": DEFAULT_NETWORK, "gloo": "cpu-gloo"}
 
 _MODE_NOTE = {
     "sync": "the trainer waits until every rollout rank applied each update",
@@ -63,10 +66,14 @@ def draft_spec(
     max_staleness: int | None = None,
     round_bytes: int | str | None = None,
     network: str | None = None,
+    transport: str | None = None,
 ) -> Draft:
     """A version-1 spec for this description; every default used is listed in ``assumptions``.
 
-    ``model`` is a spec ``model:`` mapping (``{"bundled": NAME}``, ``{"config": PATH}``, ...).
+    ``model`` is a spec ``model:`` mapping (``{"bundled": NAME}``, ``{"config": PATH}``, ...);
+    a path in it is written as given (the caller makes it relative to the spec file's directory).
+    ``transport`` (``sync.transport``: auto, nccl, gloo) also picks the default ``network``:
+    ``cpu-gloo`` for gloo, else ``h100``.
     Mesh axes are not checked here: :func:`~weightbridge.spec.resolve.check_text` reports an
     unknown or non-dividing axis at its JSON path (``$.trainer.mesh.tp``).
     """
@@ -84,12 +91,19 @@ def draft_spec(
     if round_bytes is None:
         notes.append(f"sync.round_bytes: {DEFAULT_ROUND_BYTES} (per-rank cap on wire buffers in one round)")
     sync["round_bytes"] = DEFAULT_ROUND_BYTES if round_bytes is None else round_bytes
+    if transport is None:
+        notes.append("sync.transport: auto (NCCL for CUDA tensors, else Gloo; give transport gloo for CPU, "
+                     "which also makes network cpu-gloo)")
+    else:
+        sync["transport"] = transport
     spec["sync"] = sync
+    default_network = NETWORK_FOR_TRANSPORT[transport or "auto"]
     if network is None:
-        notes.append(f"network: {DEFAULT_NETWORK} (cost model of plan_transfer / weightbridge plan only)")
-    spec["network"] = network or DEFAULT_NETWORK
+        notes.append(f"network: {default_network} (cost model of plan_transfer / weightbridge plan only; "
+                     f"the preset for transport {transport or 'auto'})")
+    spec["network"] = network or default_network
     header = (
         f"# Drafted by weightbridge: {trainer_preset} -> {rollout_preset}, {sync['mode']} updates.\n"
-        "# Check it with `weightbridge validate`; see spec/README.md for overrides (rules:).\n"
+        "# Check it with `weightbridge validate`; see `weightbridge docs spec` for overrides (rules:).\n"
     )
     return Draft(header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None), notes)

@@ -1,0 +1,68 @@
+"""generate_spec for a CPU (Gloo) setup: the committed output, relative model paths, the matching network.
+
+``data/generated_cpu_spec.yaml`` is generate_spec's output as-is for the call in CPU_CALL (server
+working directory and root: ``data/``). Refresh it after changing the drafting with::
+
+    WEIGHTBRIDGE_REFRESH_GENERATED=1 python -m pytest -q tests/mcp_agent/test_mcp_generate_cpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from weightbridge.testing.optional import require
+
+require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
+
+from mcp import Client  # noqa: E402 - after the skip above
+from mcp_helpers import in_process, ok, run_session
+
+from weightbridge.spec.resolve import check_spec
+
+DATA = Path(__file__).resolve().parent / "data"
+GENERATED = DATA / "generated_cpu_spec.yaml"
+CPU_CALL = {"model": "cpu_model/config.json", "trainer": {"framework": "fsdp2", "mesh": {"dp": 2}},
+            "rollout": {"engine": "vllm", "mesh": {"tp": 2}}, "transport": "gloo"}
+
+
+def test_generated_cpu_spec_is_committed_as_is_and_validates() -> None:
+    async def body(c: Client):
+        return [await c.call_tool("generate_spec", CPU_CALL),
+                await c.call_tool("validate_spec", {"spec_path": GENERATED.name}),
+                await c.call_tool("plan_transfer", {"spec_path": GENERATED.name})]
+
+    draft, valid, plan = run_session(in_process("auto", base_dir=DATA), body)
+    text = ok(draft)["yaml"]
+    if os.environ.get("WEIGHTBRIDGE_REFRESH_GENERATED") == "1":
+        GENERATED.write_text(text)
+    assert text == GENERATED.read_text(), "stale: WEIGHTBRIDGE_REFRESH_GENERATED=1 refreshes it"
+    assert "config: cpu_model/config.json" in text and "transport: gloo" in text and "network: cpu-gloo" in text
+    assert str(DATA) not in text  # no absolute path
+    assert ok(valid)["valid"] is True and ok(plan)["network"] == "cpu-gloo"
+    resolved, problems = check_spec(GENERATED)  # also from outside the server: the CLI's check
+    assert not problems and resolved.sync.transport == "gloo"
+
+
+def test_model_path_is_relative_to_the_written_spec(tmp_path: Path) -> None:
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "specs").mkdir()
+    shutil.copy(DATA / "cpu_model" / "config.json", tmp_path / "models" / "m" / "config.json")
+    call = {**CPU_CALL, "model": "models/m/config.json"}
+
+    async def body(c: Client):
+        return [await c.call_tool("generate_spec", {**call, "write_to": "specs/wb.yaml"}),
+                await c.call_tool("generate_spec", call),
+                await c.call_tool("generate_spec", {**call, "transport": "nccl"}),
+                await c.call_tool("generate_spec", {**call, "transport": None, "network": "h200"})]
+
+    written, unwritten, nccl, h200 = map(ok, run_session(in_process("auto", base_dir=tmp_path), body))
+    assert "config: ../models/m/config.json" in written["yaml"]
+    assert (tmp_path / "specs" / "wb.yaml").read_text() == written["yaml"]
+    resolved, problems = check_spec(tmp_path / "specs" / "wb.yaml")  # resolves from the spec's own directory
+    assert not problems and resolved.network == "cpu-gloo"
+    assert "config: models/m/config.json" in unwritten["yaml"]  # no write_to: relative to the working directory
+    assert "network: h100" in nccl["yaml"] and "transport: nccl" in nccl["yaml"]
+    assert "network: h200" in h200["yaml"] and "transport:" not in h200["yaml"]
+    assert any(a.startswith("sync.transport: auto") for a in h200["assumed"])

@@ -1,0 +1,179 @@
+"""The coordinator's decisions as tables: snapshot -> expected decision (no store, no threads, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from weightbridge.runtime import coordinator as co
+from weightbridge.sync.messages import Offer
+from weightbridge.sync.roster import RankId
+
+T0, T1, R0, R1, R2, R3 = (RankId("trainer", 0), RankId("trainer", 1), RankId("rollout", 0), RankId("rollout", 1),
+                          RankId("rollout", 2), RankId("rollout", 3))
+TWO_TP2 = ((0, 1), (2, 3))  # two instances of two ranks each (spec rollout ranks)
+
+
+def view(joined=(), dead=(), instances=TWO_TP2):
+    return co.RolloutView(instances, frozenset(joined), frozenset(dead))
+
+
+# -- who is a member -----------------------------------------------------------------------------
+MEMBERS = [
+    # (joined, dead, min_instances, expected)
+    ((), (), 1, co.AwaitInstances((), 1)),
+    ((0,), (), 1, co.AwaitInstances((), 1)),  # instance 0 incomplete
+    ((0, 1), (), 1, co.Members((0,))),
+    ((0, 1), (), 2, co.AwaitInstances((0,), 2)),
+    ((0, 1, 2, 3), (), 2, co.Members((0, 1))),
+    ((0, 1, 2, 3), (), 1, co.Members((0, 1))),  # every complete instance is a member, not just the minimum
+    ((0, 1, 2, 3), (3,), 1, co.Members((0,))),  # a dead rank drops its whole instance
+    ((0, 1, 2, 3), (3,), 2, co.AwaitInstances((0,), 2)),
+    ((0, 1, 2, 3), (0, 2), 1, co.AwaitInstances((), 1)),
+    ((2, 3), (), 1, co.Members((1,))),  # a late instance 0: instance 1 alone
+    ((1, 2, 3), (1,), 1, co.Members((1,))),
+]
+
+
+@pytest.mark.parametrize("joined,dead,need,want", MEMBERS)
+def test_decide_members(joined, dead, need, want):
+    assert co.decide_members(view(joined, dead), need) == want
+
+
+def test_live_instances_of_one_rank_instances():
+    assert co.live_instances(view((0, 2), (), instances=((0,), (1,), (2,)))) == (0, 2)
+
+
+# -- the staleness bound (async) -----------------------------------------------------------------
+STALENESS = [
+    # (version, max_staleness, staged ranks, applied, expected)
+    (5, 1, (), {}, co.Fresh(4)),  # nobody staged anything yet: nothing to wait for
+    (5, 1, (0, 1), {0: 4, 1: 4}, co.Fresh(4)),
+    (5, 1, (0, 1), {0: 4, 1: 3}, co.AwaitStaleness(4, (1,))),
+    (5, 1, (0, 1), {0: 4}, co.AwaitStaleness(4, (1,))),  # staged, never applied
+    (5, 2, (0, 1), {0: 3, 1: 3}, co.Fresh(3)),
+    (5, 2, (0, 1), {0: 2, 1: 5}, co.AwaitStaleness(3, (0,))),
+    (5, 0, (0,), {0: 4}, co.Fresh(4)),  # k = 0 waits like k = 1 here (push itself waits for applied)
+    (5, 0, (0,), {0: 3}, co.AwaitStaleness(4, (0,))),
+    (1, 1, (0,), {}, co.AwaitStaleness(0, (0,))),
+    (9, 3, (0, 1, 2, 3), {0: 6, 1: 6, 2: 7, 3: 5}, co.AwaitStaleness(6, (3,))),
+]
+
+
+@pytest.mark.parametrize("version,k,staged,applied,want", STALENESS)
+def test_decide_staleness(version, k, staged, applied, want):
+    assert co.decide_staleness(version, k, staged, applied) == want
+
+
+# -- epochs and what to announce -----------------------------------------------------------------
+def epoch(instances=(0, 1), broken=False, failures=0, hellos=None, joins=None, e=3):
+    hellos = {T0: "a", R0: "b"} if hellos is None else hellos
+    return co.EpochView(epoch=e, instances=instances, broken=broken, failures=failures, hello_nonces=hellos,
+                        join_nonces=dict(hellos) if joins is None else joins)
+
+
+EPOCHS = [
+    # (current epoch, instances of this push, expected reason)
+    (co.EpochView(), (0, 1), "first push"),
+    (epoch(), (0, 1), ""),
+    (epoch(broken=True), (0, 1), "recovery after a failure in epoch 3"),
+    (epoch(failures=2), (0, 1), "recovery after a failure in epoch 3"),
+    (epoch(), (0,), "rollout instances [0, 1] -> [0]"),
+    (epoch(instances=(1,)), (0, 1), "rollout instances [1] -> [0, 1]"),
+    (epoch(joins={T0: "a", R0: "new"}), (0, 1), "rollout 0 reconnected"),
+    (epoch(joins={T0: "a", R0: None}), (0, 1), "rollout 0 reconnected"),  # left
+    (epoch(joins={T0: "x", R0: "y"}), (0, 1), "trainer 0 reconnected"),  # trainers are named first
+    (epoch(broken=True), (0,), "recovery after a failure in epoch 3"),  # recovery wins over a change
+]
+
+
+@pytest.mark.parametrize("current,instances,reason", EPOCHS)
+def test_epoch_change_and_the_push_decision(current, instances, reason):
+    assert co.epoch_change(current, instances) == reason
+    d = co.decide_push(current, last_seq=7, version=12, instances=instances)
+    assert d == co.StartPush(8, 12, instances, reason) and d.new_epoch == bool(reason)
+
+
+ANNOUNCEMENTS = [
+    # (announced seq, announced version, my last seq, my version, failures in its epoch, mine?)
+    (5, 9, 4, 9, 0, True),
+    (5, 9, 5, 9, 0, False),  # already handled
+    (5, 8, 4, 9, 0, False),  # another version: rank 0 is still deciding mine
+    (1, 9, 0, 9, 0, True),
+    (3, 9, 0, 9, 1, False),  # a restarted rank: the failed attempt, not the retry
+    (6, 9, 4, 9, 2, True),  # not fresh: failures concern earlier pushes
+]
+
+
+@pytest.mark.parametrize("seq,version,last,mine,failures,accepted", ANNOUNCEMENTS)
+def test_accepts_announcement(seq, version, last, mine, failures, accepted):
+    assert co.accepts_announcement(seq, version, last_seq=last, version=mine, failures_in_epoch=failures) is accepted
+
+
+@pytest.mark.parametrize("mode,k,stage", [("sync", 1, "applied"), ("colocated", 1, "applied"),
+                                          ("async", 0, "applied"), ("async", 1, "staged"), ("async", 3, "staged")])
+def test_ack_stage(mode, k, stage):
+    assert co.ack_stage(mode, k) == stage
+
+
+@pytest.mark.parametrize("acks,ranks,seq,pending", [
+    ({}, (0, 1), 1, (0, 1)),
+    ({0: 1, 1: 1}, (0, 1), 1, ()),
+    ({0: 2, 1: 1}, (0, 1), 2, (1,)),
+    ({0: 5, 1: 5, 2: 4}, (0, 2), 5, (2,)),  # only the epoch's ranks count
+])
+def test_pending_acks(acks, ranks, seq, pending):
+    assert co.pending_acks(acks, ranks, seq) == pending
+
+
+@pytest.mark.parametrize("ann,handled,yes", [(None, 0, False), (1, 0, True), (3, 3, False), (4, 3, True)])
+def test_receives(ann, handled, yes):
+    assert co.receives(ann, handled) is yes
+
+
+# -- instance apply agreement --------------------------------------------------------------------
+def off(rank, staged, live=None, late=False, error=None):
+    return Offer(rank=rank, round=0, staged=staged, live=live, late=late, error=error)
+
+
+INSTANCE = [
+    # (offers, wanted version, expected decision)
+    ([off(0, 3), off(1, 3)], 3, co.ApplyStaged(3)),
+    ([off(0, 4), off(1, 4)], 3, co.ApplyStaged(4)),  # newer than wanted: applied
+    ([off(0, 3), off(1, 3)], None, co.ApplyStaged(3)),
+    ([off(0, 3), off(1, 2)], 3, co.Retry()),  # rank 1 still receiving 3
+    ([off(0, 3), off(1, None)], 3, co.Retry()),  # rank 1's receive in flight
+    ([off(0, 3), off(1, 2)], None, co.NothingCommon()),  # no common version: never waits
+    ([off(0, None), off(1, None)], None, co.NothingCommon()),
+    ([off(0, 2), off(1, 2)], 3, co.Retry()),  # both have an older one: wait for 3
+    ([off(0, None, 3), off(1, None, 3)], 3, co.AlreadyLive(3)),  # applied already
+    ([off(0, None, 3), off(1, None, 2)], 3, co.Retry()),
+    ([off(0, None, 2), off(1, None, 2)], 3, co.Retry()),
+    ([off(0, 3), off(1, None, late=True)], 3, co.TooLate(3, (1,))),
+    ([off(0, 3, late=True), off(1, 2)], 3, co.TooLate(3, (1,))),  # anyone late: all stop together
+    ([off(0, 4), off(1, 3, late=True)], 3, co.TooLate(3, (1,))),  # lagging = behind the newest staged
+    ([off(2, None, late=True), off(3, None)], 5, co.TooLate(5, (2, 3))),
+    ([off(0, 3), off(1, 3, late=True)], 3, co.ApplyStaged(3)),  # agreement wins over lateness
+    ([off(0, 3), off(1, None, error="PeerTimeout: x")], 3, co.RankFailed(1, "PeerTimeout: x")),
+    ([off(1, None, error="B: y"), off(0, None, error="A: x")], None, co.RankFailed(0, "A: x")),  # lowest rank
+    ([off(0, 3, error="A: x"), off(1, 3)], 3, co.RankFailed(0, "A: x")),  # an error wins over agreement
+    ([off(5, 7)], 7, co.ApplyStaged(7)),  # one-rank instance
+    ([off(5, None, 6)], 7, co.Retry()),
+]
+
+
+@pytest.mark.parametrize("offers,want,decision", INSTANCE)
+def test_decide_instance_apply(offers, want, decision):
+    assert co.decide_instance_apply(offers, want) == decision
+    assert co.decide_instance_apply(list(reversed(offers)), want) == decision  # order-independent
+
+
+def test_the_coordinator_is_pure():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(co.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "time", "threading", "socket")}
+    assert not {m for m in imported if m.startswith(("weightbridge.sync.control", "weightbridge.sync.board",
+                                                     "weightbridge.transport"))}

@@ -1,0 +1,72 @@
+"""Instance-level apply over real Gloo processes: the ranks of one instance apply one version together.
+
+Also: after a membership change (instance 0 absent, so rollout 2 and 3 are the epoch's plan ranks 0
+and 1), errors still name spec ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import sync_instance_workers as W
+from weightbridge.testing.localrun import launch
+from weightbridge.transport.store import open_store
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+
+def run(procs, timeout_s=60):
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
+    args = [(role, text, rank, store.port, opts) for role, text, rank, opts in procs]
+    res = launch(W.main, args, timeout_s=timeout_s)
+    for r in res:
+        assert r.ok or r.exitcode == -9, (r.error, r.traceback, r.timed_out, r.exitcode)
+    return res
+
+
+def kinds(events, kind):
+    return [e for e in events if e[0] == kind]
+
+
+def test_ranks_that_stage_at_different_times_apply_the_same_version_together():
+    text = W.spec(mode="async")
+    wants = [(1, 15.0), (2, 15.0)]
+    res = run([
+        ("trainer", text, 0, {"versions": [1, 2], "linger_key": "test/done/2"}),
+        ("rollout", text, 2, {"wants": wants, "wait_for": [3]}),
+        ("rollout", text, 3, {"wants": wants, "slow": (1, 1.5), "wait_for": [2]}),  # stages v1 ~1.5 s later
+    ])
+    fast, slow = res[1].value, res[2].value
+    for ev in (fast, slow):
+        assert [(e[1], e[2], e[4]) for e in kinds(ev, "applied")] == [(1, 1, []), (2, 2, [])], ev
+    slow_staged_v1 = kinds(slow, "rounds")[0][1][:len(kinds(slow, "rounds")[0][1]) // 2][-1]
+    assert kinds(fast, "applied")[0][3] >= slow_staged_v1  # rollout 2 waited for rollout 3's copy of v1
+
+
+def test_a_rank_that_never_stages_keeps_both_from_applying_and_both_time_out_naming_it():
+    # One round: rollout 3's hook sleeps after it received everything, so the trainer and rollout 2 finish.
+    text = W.spec(mode="async", round_bytes="1MiB", dedup="off")
+    res = run([
+        ("trainer", text, 0, {"versions": [1], "linger_key": "test/done/3"}),
+        ("rollout", text, 2, {"wants": [(1, 4.0)], "wait_for": [3]}),
+        ("rollout", text, 3, {"wants": [(1, 4.0)], "slow": (1, 8.0), "wait_for": [2]}),
+    ])
+    for ev in (res[1].value, res[2].value):
+        (err,) = kinds(ev, "error")
+        _, want, etype, msg, waited, version = err
+        assert etype == "DeadlineExceeded" and "not staged on rollout 3" in msg, msg
+        assert "instance 1" in msg and version is None and waited < 8  # neither applied
+        assert kinds(ev, "applied") == []
+
+
+def test_after_a_membership_change_a_transport_error_names_the_spec_rank():
+    text = W.spec(mode="sync", round_bytes="8KiB", timeout_s=6.0)
+    res = run([
+        ("trainer", text, 0, {"versions": [1]}),
+        ("rollout", text, 2, {"poll_s": 8.0}),
+        ("rollout", text, 3, {"poll_s": 8.0, "kill": 1}),  # dies mid-receive
+    ], timeout_s=45)
+    assert res[2].exitcode == -9
+    (err,) = kinds(res[0].value, "error")
+    msg = err[3]
+    assert "rollout 3" in msg and "rollout rank 1" not in msg, msg  # spec numbering, not the epoch's plan's

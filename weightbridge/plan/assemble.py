@@ -1,0 +1,88 @@
+"""Step 6 of the planner: packets and their rounds -> the rounds of buckets.
+
+One :class:`Bucket` per ``(round, sender, receiver)``: the items of template packets first,
+then per-instance items, each in packet (canonical) order. A template packet's item tuple is
+shared by the buckets of all its instances (one object, not one copy per instance).
+
+Input: :class:`Packets`, :class:`Schedule`, :data:`Templates`. Output: ``tuple[Round, ...]``.
+"""
+
+from __future__ import annotations
+
+from weightbridge.plan.dereplicate import Packets
+from weightbridge.plan.instances import Templates
+from weightbridge.plan.rounds import Schedule
+from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, Round, WireItem
+
+
+def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tuple[Round, ...]:
+    """Buckets per (round, sender, receiver); items in packet order, template items first."""
+    tl: dict[tuple, list] = {}  # key -> [items..., ] with running bytes in nb
+    tb: dict[tuple, int] = {}
+    pl: dict[tuple, list[WireItem]] = {}
+    pb: dict[tuple, int] = {}
+    xl: dict[tuple, list[WireItem]] = {}
+    xb: dict[tuple, int] = {}
+    for (s, w, g, l, i, b, items), rho in zip(packets.updates, schedule.update_rounds):
+        if i < 0:
+            key = (rho, s, g, l)
+            lst, acc = tl, tb
+        else:
+            key = (rho, s, templates[g].ranks[i][l])
+            lst, acc = pl, pb
+        cur = lst.get(key)
+        if cur is None:
+            lst[key] = list(items)
+            acc[key] = b
+        else:
+            cur.extend(items)
+            acc[key] += b
+    for (s, w, g, l, i, b, items, _), rho in zip(packets.forwards, schedule.forward_rounds):
+        key = (rho, s, g, l, i)
+        cur = xl.get(key)
+        if cur is None:
+            xl[key] = list(items)
+            xb[key] = b
+        else:
+            cur.extend(items)
+            xb[key] += b
+    per_round: dict[int, list[Bucket]] = {}
+    new = tuple.__new__
+    for key, lst in tl.items():
+        rho, s, g, l = key
+        tt = tuple(lst)
+        nb = tb[key]
+        bl = per_round.get(rho)
+        if bl is None:
+            bl = per_round[rho] = []
+        if not pl:
+            bl.extend([new(Bucket, (TRAINER, s, ranks[l], tt, nb)) for ranks in templates[g].ranks])
+            continue
+        for ranks in templates[g].ranks:
+            r = ranks[l]
+            pkey = (rho, s, r)
+            more = pl.pop(pkey, None)
+            if more is None:
+                bl.append(new(Bucket, (TRAINER, s, r, tt, nb)))
+            else:
+                bl.append(new(Bucket, (TRAINER, s, r, tt + tuple(more), nb + pb[pkey])))
+    for key, lst in pl.items():
+        rho, s, r = key
+        per_round.setdefault(rho, []).append(Bucket(TRAINER, s, r, tuple(lst), pb[key]))
+    for key, lst in xl.items():
+        rho, s, g, l, i = key
+        tt = tuple(lst)
+        nb = xb[key]
+        bl = per_round.setdefault(rho, [])
+        for m_, ranks in enumerate(templates[g].ranks):
+            if m_ != i:
+                bl.append(Bucket(ROLLOUT, s, ranks[l], tt, nb))
+    out = []
+    for rho in sorted(per_round):
+        bl = per_round[rho]
+        bl.sort()  # (src_side, sender, receiver) is unique within a round; update and exchange never share one
+        out.append(Round(rho, tuple(bl)))
+    return tuple(out)
+
+
+__all__ = ["assemble"]

@@ -1,0 +1,232 @@
+"""Step 4 of the planner: chunks -> packets (units, sender and receiver de-replication).
+
+A chunk is cut into *units* of at most ``round_bytes / UNIT_FRACTION`` per rank (split along the
+outermost axis with extent > 1, then inner axes for rows larger than that), so no single tensor
+forces an oversized round and packing has room to balance.
+
+**Sender de-replication.** Per atom, all (unit, instance) needs form one byte stream. Its ``k``
+holders split it into ``k`` consecutive segments of near-equal bytes, cut at the nearest row
+boundary; holders are taken in order of least bytes assigned so far. A unit needed by a whole
+template goes out as one packet to all its instances (``instance == ALL_INSTANCES``).
+
+**Receiver de-replication** (per template, ``dedup[g]``). Each unit crosses from the trainers
+once, to the instance that has received least of that slot so far; a :class:`ForwardPacket`
+sends it on from there to the template's other instances.
+
+Input: :class:`Cover`, :data:`Templates`, the per-template de-replication flags and
+``round_bytes``. Output: :class:`Packets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from weightbridge.layout.box import Box, box_numel
+from weightbridge.layout.ir import DTYPE_BYTES, LocalTensor, Piece, dtype_bytes
+from weightbridge.plan.cover import Cover
+from weightbridge.plan.geometry import make_items, num_rows, rows, split_box
+from weightbridge.plan.instances import Templates
+from weightbridge.plan.sources import Holder
+from weightbridge.plan.types import WireItem
+
+# A packet must not take more than this fraction of the round cap of any of its ranks,
+# so that packing always has room to balance (large tensors are split to fit).
+UNIT_FRACTION = 4
+
+ALL_INSTANCES = -1  # UpdatePacket.instance: every instance of the template receives the items
+
+
+class UpdatePacket(NamedTuple):
+    """Trainer ``sender`` sends ``items`` to slot ``slot`` of one or every instance of template ``template``."""
+
+    sender: int  # trainer rank
+    load: int  # bytes the sender sends: nbytes, times the instance count for ALL_INSTANCES
+    template: int
+    slot: int
+    instance: int  # index into the template's instances, or ALL_INSTANCES
+    nbytes: int  # bytes each receiver gets
+    items: tuple[WireItem, ...]
+
+
+class ForwardPacket(NamedTuple):
+    """Rollout ``sender`` (slot ``slot`` of instance ``instance``) forwards ``items`` to the template's other instances."""
+
+    sender: int  # rollout rank
+    load: int  # bytes the sender sends: nbytes * (instances - 1)
+    template: int
+    slot: int
+    instance: int  # the forwarding instance (index into the template's instances)
+    nbytes: int  # bytes each receiver gets
+    items: tuple[WireItem, ...]
+    after: Sequence[int]  # indices of the update packets whose data this forwards
+
+
+class Packets(NamedTuple):
+    updates: tuple[UpdatePacket, ...]  # in canonical order
+    forwards: tuple[ForwardPacket, ...]  # empty without receiver de-replication
+    sender_bound: int  # no plan of these layouts has a busiest trainer rank sending fewer bytes
+
+
+class _Unit(NamedTuple):
+    box: Box  # canonical frame
+    template: int
+    slot: int
+    instance: int  # or ALL_INSTANCES
+    tensor: LocalTensor  # receiver's
+    piece: Piece  # receiver's
+    dtype: str
+    esize: int
+    nbytes: int  # per receiver
+    load: int  # sender bytes
+
+
+def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int) -> Packets:
+    """Update packets in canonical order, and forward packets where ``dedup[template]``."""
+    out: list[UpdatePacket] = []
+    xout: list[ForwardPacket] = []
+    load: dict[int, int] = {}  # bytes per sender so far
+    forced: dict[int, int] = {}  # of which from atoms with one holder
+    cap = round_bytes
+    unit_cap = max(1, round_bytes // UNIT_FRACTION)
+    ninsts = [len(t.ranks) for t in templates]
+    anydedup = any(dedup)
+    slot_load: dict[tuple[int, int], list[int]] = {}
+    new = tuple.__new__  # NamedTuple(...) without the Python-level namedtuple __new__
+    for atom, chunk_list in cover.chunks:
+        name, holders = atom.canonical, atom.holders
+        k = len(holders)
+        start = len(out)
+        if k == 1 and not anydedup:  # fast path: one holder, template packets
+            s, st, sp = holders[0]
+            spb = sp.canonical_box
+            tot = 0
+            for g, l, cbox, dt, dp in chunk_list:
+                ninst = ninsts[g]
+                dtype = dt.dtype
+                es = DTYPE_BYTES[dtype]
+                n = 1
+                for a, z in cbox:
+                    n *= z - a
+                b = n * es
+                if b * ninst <= unit_cap:
+                    if cbox == spb and cbox == dp.canonical_box:
+                        items = (new(WireItem, (name, cbox, st.name, sp.local_box, sp.transpose, dt.name,
+                                                dp.local_box, dp.transpose, dtype, b)),)
+                    else:
+                        items = tuple(make_items(name, cbox, st, sp, dt, dp, dtype, es))
+                    out.append(new(UpdatePacket, (s, ninst * b, g, l, ALL_INSTANCES, b, items)))
+                    tot += ninst * b
+                    continue
+                for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
+                    b = box_numel(u) * es
+                    items = tuple(make_items(name, u, st, sp, dt, dp, dtype, es))
+                    if ninst * b <= cap:
+                        out.append(new(UpdatePacket, (s, ninst * b, g, l, ALL_INSTANCES, b, items)))
+                    else:
+                        out.extend(new(UpdatePacket, (s, b, g, l, i, b, items)) for i in range(ninst))
+                    tot += ninst * b
+            load[s] = load.get(s, 0) + tot
+            forced[s] = forced.get(s, 0) + tot
+            continue
+        units: list[_Unit] = []
+        for g, l, cbox, dt, dp in chunk_list:
+            ninst = ninsts[g]
+            dtype = dt.dtype
+            es = dtype_bytes(dtype)
+            dd = dedup[g] and ninst > 1
+            for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
+                b = box_numel(u) * es
+                if dd:  # the unit crosses once, to the instance that has received least so far
+                    sl = slot_load.get((g, l))
+                    if sl is None:
+                        sl = slot_load[(g, l)] = [0] * ninst
+                    i = sl.index(min(sl))
+                    sl[i] += b
+                    units.append(new(_Unit, (u, g, l, i, dt, dp, dtype, es, b, b)))
+                elif ninst * b <= cap:
+                    units.append(new(_Unit, (u, g, l, ALL_INSTANCES, dt, dp, dtype, es, b, ninst * b)))
+                else:
+                    for i in range(ninst):
+                        units.append(new(_Unit, (u, g, l, i, dt, dp, dtype, es, b, b)))
+        if k == 1:
+            s, st, sp = holders[0]
+            tot = 0
+            cache: dict[tuple, tuple[WireItem, ...]] = {}
+            for ub, g, l, i, dt, dp, dtype, es, b, w in units:
+                ckey = (ub, g, l)
+                items = cache.get(ckey)
+                if items is None:
+                    items = cache[ckey] = tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
+                out.append(new(UpdatePacket, (s, w, g, l, i, b, items)))
+                tot += w
+            load[s] = load.get(s, 0) + tot
+            forced[s] = forced.get(s, 0) + tot
+        else:
+            _split(name, holders, units, load, out)
+        if anydedup:
+            deps: dict[tuple[int, int, int], list[int]] = {}
+            for pi in range(start, len(out)):
+                pk = out[pi]
+                deps.setdefault((pk.template, pk.slot, pk.instance), []).append(pi)
+            for ub, g, l, i, dt, dp, dtype, es, b, w in units:
+                if i >= 0 and dedup[g] and ninsts[g] > 1:
+                    items = tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
+                    xout.append(ForwardPacket(templates[g].ranks[i][l], (ninsts[g] - 1) * b, g, l, i, b, items,
+                                              deps.get((g, l, i), ())))
+    return Packets(tuple(out), tuple(xout), _sender_bound(load, forced))
+
+
+def _sender_bound(load: dict[int, int], forced: dict[int, int]) -> int:
+    """A lower bound on the busiest sender's bytes: its unshareable bytes, or the even share."""
+    if not load:
+        return 0
+    even = -(-sum(load.values()) // len(load))
+    return max(even, max(forced.values(), default=0))
+
+
+def _split(name: str, holders: tuple[Holder, ...], units: list[_Unit], load: dict[int, int],
+           out: list[UpdatePacket]) -> None:
+    """Split the atom's stream among its holders: near-equal bytes, cuts on row boundaries."""
+    k = len(holders)
+    order = sorted(range(k), key=lambda j: (load.get(holders[j][0], 0), holders[j][0]))
+    total = sum(e.load for e in units)
+    cache: dict[tuple, tuple[WireItem, ...]] = {}
+    new = tuple.__new__
+    j = 0
+    target = total // k
+    pos = 0
+    sent = [0] * k
+    for ub, g, l, i, dt, dp, dtype, es, b, w in units:
+        nr = num_rows(ub)
+        rb = w // nr  # sender bytes per row
+        r0 = 0
+        while r0 < nr:
+            if j < k - 1:
+                cut = (2 * (target - pos) + rb) // (2 * rb)  # nearest row boundary to the target
+                cut = min(max(cut, r0), nr)
+            else:
+                cut = nr
+            if cut > r0:
+                hj = order[j]
+                s, st, sp = holders[hj]
+                key = (hj, ub, g, l, r0, cut)
+                items = cache.get(key)
+                if items is None:
+                    sub = ub if (r0 == 0 and cut == nr) else rows(ub, r0, cut)
+                    items = cache[key] = tuple(make_items(name, sub, st, sp, dt, dp, dtype, es))
+                nw = (cut - r0) * rb
+                out.append(new(UpdatePacket, (s, nw, g, l, i, b * (cut - r0) // nr, items)))
+                sent[hj] += nw
+            if cut < nr:
+                j += 1
+                target = total * (j + 1) // k
+            r0 = cut
+        pos += w
+    for hj in range(k):
+        if sent[hj]:
+            s = holders[hj][0]
+            load[s] = load.get(s, 0) + sent[hj]
+
+
+__all__ = ["ALL_INSTANCES", "UNIT_FRACTION", "ForwardPacket", "Packets", "UpdatePacket", "make_packets"]

@@ -1,0 +1,57 @@
+"""The plan hash: sha256 of a canonical byte form of a plan's content.
+
+Every rank computes it from its own plan and compares it with its peers' before moving a byte,
+so it must be a function of the plan's values only: never of object identity, dict order,
+``PYTHONHASHSEED`` or the CPython version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+from collections.abc import Sequence
+from operator import itemgetter
+
+PLANNER_VERSION = "weightbridge-plan/1"
+
+_COLS = [itemgetter(c) for c in (0, 1, 2, 4)]  # Bucket: src_side, sender, receiver, nbytes
+_ITEMS = itemgetter(3)  # Bucket.items
+
+
+def plan_hash(header: tuple, rounds: Sequence, copies: Sequence[tuple]) -> str:
+    """sha256 (hex) over a canonical byte form of the plan, identical across processes and runs.
+
+    ``rounds`` are :class:`~weightbridge.plan.types.Round` values, ``copies`` ``LocalCopy`` values
+    (this module imports nothing from the planner: ``types`` calls it).
+
+    The byte form is ``marshal`` format version 0 of plain tuples of str/int/bool (stable across
+    CPython versions; no interning or reference flags): first ``(PLANNER_VERSION, *header)``;
+    then per round the items of every item tuple not seen before (in first-use order) and the
+    round as ``(index, src_sides, senders, receivers, nbytes, ks)`` where ``ks[j]`` numbers
+    bucket ``j``'s item tuple among the distinct item tuples, in first-use order; then the local
+    copies. Item tuples are told apart by content: buckets that share one tuple object and
+    buckets holding equal copies hash alike (object identity only saves re-reading a tuple).
+    """
+    h = hashlib.sha256()
+    h.update(marshal.dumps((PLANNER_VERSION, *header), 0))
+    by_content: dict[tuple, int] = {}  # item tuple -> first-use number
+    by_id: dict[int, int] = {}  # id(item tuple) -> its number: a cache (every tuple stays alive meanwhile)
+    for r in rounds:
+        bk = r.buckets
+        tuples = list(map(_ITEMS, bk))
+        ids = list(map(id, tuples))
+        for i, items in dict(zip(ids, tuples)).items():  # distinct objects, first use order
+            if i in by_id:
+                continue
+            k = by_content.get(items)
+            if k is None:
+                k = by_content[items] = len(by_content)
+                h.update(marshal.dumps(tuple(map(tuple, items)), 0))
+            by_id[i] = k
+        ks = list(map(by_id.__getitem__, ids))
+        h.update(marshal.dumps((r.index, *(list(map(c, bk)) for c in _COLS), ks), 0))
+    h.update(marshal.dumps(tuple(map(tuple, copies)), 0))
+    return h.hexdigest()
+
+
+__all__ = ["PLANNER_VERSION", "plan_hash"]

@@ -1,0 +1,146 @@
+"""Epoch machinery shared by both sides: joining, the epoch's roster and plan, handshake, bridge group.
+
+Every rank (trainer and rollout) is an :class:`Endpoint`. An epoch is a fixed membership chosen by
+trainer rank 0 (:mod:`.coordinator`); each member enters it with :meth:`Endpoint.enter_epoch`
+(read the membership, build its :class:`~weightbridge.sync.roster.Roster` and plan, handshake,
+open the epoch's bridge group) before the epoch's first push, and :meth:`Endpoint.fail` marks it
+unusable after a failure, so the next push starts a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from weightbridge.errors import BridgeError, ProtocolError
+from weightbridge.layout.ir import RankLayout
+from weightbridge.plan.types import TransferPlan
+from weightbridge.runtime.connect import device_of
+from weightbridge.runtime.options import BridgeOptions
+from weightbridge.spec.resolve import ResolvedSpec
+from weightbridge.sync.board import Board
+from weightbridge.sync.control import ControlPlane
+from weightbridge.sync.dataplane import DataPlane, TransportDataPlane
+from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, expected_dtypes
+from weightbridge.sync.messages import Hello, Keys
+from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
+
+log = logging.getLogger(__name__)
+
+
+class Endpoint:
+    """One rank's bridge state across epochs (the base of ``TrainerBridge`` and ``RolloutBridge``)."""
+
+    side: str
+
+    def __init__(
+        self,
+        resolved: ResolvedSpec,
+        *,
+        side: str,
+        rank: int,
+        tensors: Mapping[str, torch.Tensor],
+        store: Any,
+        options: BridgeOptions,
+    ) -> None:
+        sync = resolved.sync
+        self.spec = resolved
+        self.side = side
+        self.rank = rank
+        self.me = RankId(side, rank)
+        layouts = resolved.trainer if side == TRAINER else resolved.rollout
+        if not 0 <= rank < layouts.world_size:
+            raise ValueError(f"{side} rank {rank} outside [0, {layouts.world_size}) of the spec")
+        self.layout: RankLayout = layouts.ranks[rank]
+        check_tensors(self.layout, tensors)
+        self.tensors = dict(tensors)
+        self.options = options
+        self.timeout_s = float(sync.timeout_s)
+        self.mode = sync.mode
+        self.max_staleness = sync.max_staleness
+        self.num_trainers = resolved.trainer.world_size
+        self.store = store
+        self.cp = ControlPlane(store, me=self.me, keys=Keys(options.prefix), timeout_s=self.timeout_s,
+                               heartbeat_s=sync.heartbeat_s)
+        self.board = Board(self.cp)
+        self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
+                               receiver_dedup=sync.receiver_dedup)
+        self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
+            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums
+        )
+        # Also in the spec hash; kept in the Hello for a data plane given in the options.
+        self.wire = f"checksums={sync.checksums}"
+        self.on_round: Callable[[int], None] | None = options.on_round
+        self.nonce = uuid.uuid4().hex
+        self.dtypes, self.dtype_diffs = actual_dtypes(self.layout, tensors)
+        self._expected_dtypes = {RankId(TRAINER, r.rank): expected_dtypes(r) for r in resolved.trainer.ranks}
+        self._expected_dtypes.update({RankId(ROLLOUT, r.rank): expected_dtypes(r) for r in resolved.rollout.ranks})
+        # epoch state
+        self.epoch = 0
+        self.roster: Roster | None = None
+        self.hellos: dict[RankId, Hello] = {}
+        self.plan: TransferPlan | None = None
+        self.plan_rank = -1
+        self.broken = False  # the epoch's bridge group is unusable (a push failed in it)
+        self.failure_epoch = 0  # where this rank's failures are published: the epoch it is in or entering
+        self.closed = False
+
+    # -- joining ------------------------------------------------------------------------------
+    def _join(self, instance: int) -> None:
+        self.cp.start_heartbeat()
+        self.board.join(instance, self.nonce)
+
+    def epoch_plan(self) -> tuple[TransferPlan, Roster]:
+        """The current epoch's plan and roster; :class:`ProtocolError` outside of an epoch."""
+        if self.plan is None or self.roster is None:
+            raise ProtocolError(self.me, "no epoch entered (a push ran before its epoch's handshake)")
+        return self.plan, self.roster
+
+    def enter_epoch(self, board: Board, epoch: int) -> bool:
+        """Handshake and open the bridge group of ``epoch``; False if this rank is not a member."""
+        deadline = board.cp.deadline()
+        roster = Roster.of_membership(board.await_membership(epoch, deadline))
+        if self.me not in roster:
+            return False
+        self.failure_epoch = epoch
+        plan = self.plans.plan(roster)
+        self.data_plane.close(abort=self.broken)
+        self.plan = None
+        self.hellos = board.handshake(
+            roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
+            dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
+            deadline=deadline,
+        )
+        self.data_plane.connect(
+            board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
+            world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,
+        )
+        self.epoch, self.roster, self.plan, self.plan_rank, self.broken = (
+            epoch, roster, plan, roster.plan_rank(self.me), False
+        )
+        log.info("%s: entered epoch %d (%s), plan %s", self.me, epoch, list(roster.instances), plan.plan_hash[:12])
+        return True
+
+    def fail(self, board: Board, exc: BaseException) -> None:
+        """Publish ``exc`` to the epoch's members (unless it came from a peer) and mark the group unusable."""
+        self.broken = True
+        board.cp.publish_failure(self.failure_epoch, exc)
+        # Drop the group now: peers blocked on this rank's sockets fail at once instead of at
+        # their deadline. The next push re-creates it in a new epoch.
+        self.data_plane.close(abort=True)
+
+    def _close_common(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.board.leave(self.nonce)
+        except BridgeError:
+            pass  # store host already gone
+        self.cp.stop_heartbeat()
+        self.data_plane.close(abort=self.broken)
+

@@ -1,0 +1,254 @@
+"""The rollout side: ``RolloutBridge`` on every rollout rank (each TP/EP worker of each engine instance).
+
+State (guarded by one lock; the receive thread and the engine thread both touch it)::
+
+    version      last applied version (None before the first apply, and while torn)
+    torn         in place: an update began and did not complete; live weights are mixed
+    staged       a complete version waiting for apply() (in the staging copy, or in place)
+
+Threads: with ``staging=True`` a background thread receives every announced push into the
+staging copy; the engine's thread calls ``poll`` / ``apply`` / ``apply_instance``. A gate (held by
+the receive thread for a whole receive, and by :mod:`.instance` while the instance's ranks decide)
+keeps a staged version from being superseded while the instance agrees on it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightbridge.errors import BridgeError, NothingToApply, TornModelError
+from weightbridge.layout.ir import RankLayout
+from weightbridge.runtime import coordinator as co
+from weightbridge.runtime.connect import connect
+from weightbridge.runtime.epochs import Endpoint
+from weightbridge.runtime.options import BridgeOptions, reject_moved
+from weightbridge.runtime.results import ReceiveStats
+from weightbridge.spec.resolve import ResolvedSpec
+from weightbridge.sync.board import Board
+from weightbridge.sync.dataplane import RunStats
+from weightbridge.sync.messages import Announce
+from weightbridge.sync.roster import ROLLOUT
+
+
+class RolloutBridge(Endpoint):
+    """One rollout rank's end of the bridge. See :mod:`weightbridge.bridge` for the call sequence."""
+
+    def __init__(self, resolved: ResolvedSpec, *, staging: bool, **kw: Any) -> None:
+        super().__init__(resolved, side=ROLLOUT, **kw)
+        self.staging = staging
+        self._staging: dict[str, torch.Tensor] | None = (
+            {name: t.detach().clone() for name, t in self.tensors.items() if name in _names(self.layout)}
+            if staging else None
+        )
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._torn: tuple[int, int | None, str] | None = None  # (version, previous, cause)
+        self._staged: Announce | None = None
+        self._error: BaseException | None = None
+        self.last_receive: ReceiveStats | None = None
+        self.last_apply_s = 0.0
+        ann = self.board.announcement()
+        self._handled_seq = ann.seq if ann is not None else 0  # pushes before joining are not ours
+        self._stop = threading.Event()
+        # Held by the receive thread for a whole receive, and by the instance agreement while the
+        # instance's ranks decide on the staged version (runtime/instance.py).
+        self._gate = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._agreement: Any = None  # runtime.instance.InstanceAgreement, on first apply_instance()
+        self._join(instance=self.layout.instance)
+        if staging:
+            name = f"weightbridge-receive-{self.me.key.replace('/', '-')}"
+            self._thread = threading.Thread(target=self._receive_loop, name=name, daemon=True)
+            self._thread.start()
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str | Path | ResolvedSpec,
+        *,
+        rank: int,
+        tensors: Mapping[str, torch.Tensor],
+        host: str | None = None,
+        port: int | None = None,
+        store: Any = None,
+        staging: bool | None = None,
+        options: BridgeOptions | None = None,
+        **moved: Any,
+    ) -> RolloutBridge:
+        """Connect rollout rank ``rank`` (spec numbering, instance-major) with its live ``tensors``.
+
+        ``staging`` (default: the spec's ``sync.staging``, else True in async mode and False
+        otherwise; it may differ per rank): True keeps a copy of the weights to receive into (2x
+        memory; the engine serves the old version until ``apply()``), False receives in place
+        inside ``poll()``. Settings the ranks must agree on come from the spec's ``sync`` section;
+        ``options`` are per-process :class:`BridgeOptions` (see :meth:`TrainerBridge.from_spec`).
+        """
+        reject_moved("RolloutBridge.from_spec", moved)
+        resolved, store = connect(spec, host, port, store, is_master=False)
+        return cls(
+            resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions(),
+            staging=resolved.sync.staged() if staging is None else bool(staging),
+        )
+
+    # -- engine-facing ------------------------------------------------------------------------
+    @property
+    def version(self) -> int | None:
+        """The version the live weights hold; None before the first apply and while torn."""
+        with self._lock:
+            return None if self._torn is not None else self._version
+
+    @property
+    def torn(self) -> bool:
+        with self._lock:
+            return self._torn is not None
+
+    def ready(self) -> bool:
+        """True when a complete version is waiting for ``apply()`` (no progress is made)."""
+        with self._lock:
+            return self._staged is not None
+
+    @property
+    def staged_version(self) -> int | None:
+        """The complete version waiting for ``apply()``, or None (informative: it may change at once)."""
+        with self._lock:
+            return None if self._staged is None else self._staged.version
+
+    def poll(self) -> bool:
+        """Make progress; True when a complete version is ready for ``apply()``.
+
+        Staging: never blocks (the receive runs on a background thread). In place: when a push
+        is announced, receives it here, into the live weights (blocks for the transfer). Raises
+        the error of a failed receive once (the bridge stays usable for the next push).
+        """
+        self._raise_pending()
+        if not self.staging:
+            ann = self.board.announcement()
+            if co.receives(None if ann is None else ann.seq, self._handled_seq):
+                self._receive(self.board, ann, keep_error=False)  # type: ignore[arg-type]
+        return self.ready()
+
+    def apply(self) -> int:
+        """At a safe point: make the ready version live and return the live version.
+
+        Staging: copies the staged weights into the live tensors. In place: commits the
+        received version. With nothing ready, returns the current version. Raises
+        :class:`TornModelError` when torn, :class:`NothingToApply` before any version.
+        For an instance of several ranks use :meth:`apply_instance` instead.
+        """
+        with self._lock:
+            staged = self._staged
+            if staged is None:
+                if self._torn is not None:
+                    raise TornModelError(self.me, *self._torn)
+                if self._version is None:
+                    raise NothingToApply(self.me)
+                return self._version
+            t0 = time.perf_counter()
+            if self._staging is not None:
+                try:
+                    with torch.no_grad():
+                        for name, buf in self._staging.items():
+                            self.tensors[name].copy_(buf)
+                except BaseException:
+                    self._torn = (staged.version, self._version, "apply() failed while copying staged weights")
+                    raise
+            self._version, self._torn, self._staged = staged.version, None, None
+            self.last_apply_s = time.perf_counter() - t0
+        self.board.ack("applied", staged)
+        return staged.version
+
+    def apply_instance(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
+        """Every rank of this rank's rollout instance applies the same version, or none does.
+
+        Called by **every rank of the instance** together (e.g. from one collective RPC of the
+        engine), with the same arguments, the same number of times. The ranks agree through the
+        control store (:mod:`weightbridge.runtime.instance`): each publishes the version it has
+        staged; they apply when all staged the same one. ``version`` None: apply the version every
+        rank has complete, if any, and return it (None when there is none; never waits).
+        ``version`` v: wait (up to ``timeout_s``, default the spec's) until every rank staged v or
+        newer, apply it and return it; :class:`~weightbridge.errors.DeadlineExceeded` naming the
+        spec ranks that did not, :class:`~weightbridge.errors.PeerFailed` when another rank's
+        receive failed (its own error on that rank). An instance of one rank decides alone.
+        """
+        if self._agreement is None:
+            from weightbridge.runtime.instance import InstanceAgreement
+
+            self._agreement = InstanceAgreement(self)
+        return self._agreement.apply(version, self.timeout_s if timeout_s is None else float(timeout_s))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 5)
+        self._close_common()
+
+    # -- receiving ----------------------------------------------------------------------------
+    def _raise_pending(self) -> None:
+        with self._lock:
+            err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def _receive_loop(self) -> None:
+        """Staging mode: wait for announcements and receive each into the staging copy."""
+        board = self.board.clone()
+        while not self._stop.is_set():
+            try:
+                ann = board.announcement()
+            except BridgeError as exc:
+                with self._lock:
+                    self._error = exc
+                return
+            if ann is None or not co.receives(ann.seq, self._handled_seq):
+                self._stop.wait(0.005)
+                continue
+            if not self._gate.acquire(timeout=0.05):
+                continue  # the instance is deciding on the staged version; the announcement stays pending
+            try:
+                self._receive(board, ann, keep_error=True)
+            except BaseException:  # noqa: BLE001 - kept for poll(); already published by _receive
+                pass
+            finally:
+                self._gate.release()
+
+    def _receive(self, board: Board, ann: Announce, *, keep_error: bool) -> None:
+        """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""
+        self._handled_seq = ann.seq
+        try:
+            if ann.epoch != self.epoch or self.broken:
+                if not self.enter_epoch(board, ann.epoch):
+                    return  # joined after the membership of this push was fixed: next one
+            plan, _ = self.epoch_plan()
+            with self._lock:
+                self._staged = None  # a staged, unapplied older version is superseded
+                if self._staging is None:
+                    self._torn = (ann.version, self._version, f"in-place receive of version {ann.version} interrupted")
+            dst = self._staging if self._staging is not None else self.tensors
+            with torch.no_grad():
+                run: RunStats = self.data_plane.run(
+                    plan, side=ROLLOUT, rank=self.plan_rank, tensors=dst, dst=dst, tag=f"v{ann.version}",
+                    on_round=self.on_round,
+                )
+            with self._lock:
+                self._staged = ann
+                if self._staging is None:
+                    self._torn = None
+            self.last_receive = ReceiveStats(ann.version, ann.seq, ann.epoch, run.bytes_received, run.seconds,
+                                             self._staging is not None)
+            board.ack("staged", ann)
+        except BaseException as exc:
+            self.fail(board, exc)
+            if keep_error:
+                with self._lock:
+                    self._error = exc
+            raise
+
+
+def _names(layout: RankLayout) -> set[str]:
+    return {t.name for t in layout.tensors}

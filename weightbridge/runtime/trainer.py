@@ -1,0 +1,243 @@
+"""The trainer side: ``TrainerBridge.push`` on every trainer rank; trainer rank 0 also coordinates.
+
+Every trainer rank calls :meth:`TrainerBridge.push` with the same version (a collective over the
+trainer ranks). Rank 0 first takes the push's decisions through :mod:`.coordinator` (who is a
+member, the staleness wait, whether a new epoch starts) from snapshots of the control store, and
+announces; ranks > 0 wait for that announcement. Then every rank enters the epoch if it is new,
+sends its share of the plan, and waits for the receivers' acks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightbridge.errors import BridgeError
+from weightbridge.runtime import coordinator as co
+from weightbridge.runtime.connect import connect
+from weightbridge.runtime.epochs import Endpoint
+from weightbridge.runtime.options import BridgeOptions, reject_moved
+from weightbridge.runtime.results import PushStats
+from weightbridge.spec.resolve import ResolvedSpec
+from weightbridge.sync.board import rollout_ids
+from weightbridge.sync.membership import actual_dtypes, check_tensors
+from weightbridge.sync.messages import Announce, decode
+from weightbridge.sync.roster import TRAINER, RankId, Roster, instance_rollout_ranks
+
+
+class TrainerBridge(Endpoint):
+    """One trainer rank's end of the bridge. See :mod:`weightbridge.bridge` for the call sequence."""
+
+    def __init__(self, resolved: ResolvedSpec, **kw: Any) -> None:
+        super().__init__(resolved, side=TRAINER, **kw)
+        n = resolved.rollout.num_instances
+        self.min_instances = resolved.sync.min_instances or n
+        if not 1 <= self.min_instances <= n:
+            raise ValueError(f"sync.min_instances must be in [1, {n}], got {self.min_instances}")
+        self._since = 0
+        self.last_version: int | None = None
+        self._instance_ranks = tuple(instance_rollout_ranks(resolved.rollout, i) for i in range(n))
+        # Trainer 0 numbers pushes from the last announcement (it may be a restarted process);
+        # other ranks match announcements by version, so one made before they connected counts.
+        ann = self.board.announcement() if self.rank == 0 else None
+        self.seq = ann.seq if ann is not None else 0
+        self._join(instance=0)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str | Path | ResolvedSpec,
+        *,
+        rank: int,
+        tensors: Mapping[str, torch.Tensor],
+        host: str | None = None,
+        port: int | None = None,
+        store: Any = None,
+        options: BridgeOptions | None = None,
+        **moved: Any,
+    ) -> TrainerBridge:
+        """Connect trainer rank ``rank`` holding ``tensors`` (local name -> tensor, as in the spec).
+
+        Rank 0 hosts the control store at ``host:port`` unless ``store`` is given. Everything the
+        ranks must agree on comes from the spec's ``sync`` section (its hash is compared at the
+        handshake): ``timeout_s``, ``round_bytes``, ``checksums`` (a checksum per bucket; a
+        corrupted update raises ``ChecksumError``), ``receiver_dedup``, ``heartbeat_s``, and
+        ``min_instances`` (default: all of the spec's rollout instances): how many complete, live
+        rollout instances every push waits for (up to the deadline); each push goes to the
+        instances present then, so late ones join at a later push and a dead one is dropped once
+        fewer than all are required. ``options``: per-process :class:`BridgeOptions` (the store key
+        prefix, the ``on_round`` progress hook, a test data plane). Keyword arguments that moved
+        raise ``TypeError`` saying where they went.
+        """
+        reject_moved("TrainerBridge.from_spec", moved)
+        resolved, store = connect(spec, host, port, store, is_master=rank == 0)
+        return cls(resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions())
+
+    # -- push ---------------------------------------------------------------------------------
+    def push(self, version: int, tensors: Mapping[str, torch.Tensor] | None = None) -> PushStats:
+        """Send version ``version`` (strictly increasing) to every rollout rank of the epoch.
+
+        Called by every trainer rank with the same ``version``. ``tensors`` replaces the local
+        tensors given so far (when the training framework re-allocated them); by default the
+        tensors passed to ``from_spec`` are read as they are now. Returns per the mode (see
+        :mod:`weightbridge.bridge`). Raises a typed error on any failure, after telling the other ranks.
+        """
+        if tensors is not None:
+            check_tensors(self.layout, tensors)
+            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
+                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
+            self.tensors = dict(tensors)
+        if self.closed:
+            raise BridgeError(f"{self.me}: push() after close()")
+        if self.last_version is not None and version <= self.last_version:
+            raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
+        t0 = time.perf_counter()
+        wait_s = 0.0
+        # Failures already published in the current epoch concern an earlier push: the waits
+        # before the announcement ignore them (trainer 0 starts a new epoch because of them).
+        self._since = self.board.failure_count(self.epoch)
+        try:
+            if self.rank == 0:
+                ann, waited = self._announce(version)
+                wait_s += waited
+            else:
+                ann = self._await_announce(version)
+            self.seq = ann.seq  # announced: the next push is seq + 1 even if this one fails
+            new_epoch = ann.epoch != self.epoch or self.broken
+            if new_epoch:
+                self.enter_epoch(self.board, ann.epoch)
+            plan, roster = self.epoch_plan()
+            run = self.data_plane.run(
+                plan, side=TRAINER, rank=self.plan_rank, tensors=self.tensors, dst=None,
+                tag=f"v{version}", on_round=self.on_round,
+            )
+            t_ack = time.perf_counter()
+            self._await_acks(ann, roster)
+            wait_s += time.perf_counter() - t_ack
+        except BaseException as exc:
+            self.fail(self.board, exc)
+            raise
+        self.last_version = version
+        return PushStats(
+            version=version, seq=ann.seq, epoch=ann.epoch, mode=self.mode, bytes_sent=run.bytes_sent,
+            wire_bytes=plan.wire_bytes, seconds=time.perf_counter() - t0, transfer_s=run.seconds,
+            wait_s=wait_s, num_rounds=plan.num_rounds, new_epoch=new_epoch,
+        )
+
+    # -- trainer rank 0: the coordinator's I/O ------------------------------------------------
+    def _announce(self, version: int) -> tuple[Announce, float]:
+        """Trainer rank 0: decide the members, enforce the staleness bound, decide the epoch, announce."""
+        deadline = self.cp.deadline()
+        instances = self._await_members(deadline)
+        roster = Roster.of_instances(self.spec.rollout, self.num_trainers, instances)
+        waited = 0.0
+        if self.mode == "async":
+            t = time.perf_counter()
+            self._await_staleness(version, roster.rollout_ranks, deadline)
+            waited = time.perf_counter() - t
+        decision = co.decide_push(self._epoch_view(), last_seq=self.seq, version=version, instances=instances)
+        epoch = self.board.open_epoch(roster, decision.reason).epoch if decision.new_epoch else self.epoch
+        return self.board.announce(decision.seq, decision.version, epoch), waited
+
+    def _rollout_view(self) -> co.RolloutView:
+        """Which rollout ranks joined and which are dead, now (updates the heartbeat monitor)."""
+        now = time.monotonic()
+        joined, dead = set(), set()
+        monitor = self.cp.monitor
+        for ranks in self._instance_ranks:
+            ids = rollout_ids(ranks)
+            if not self.board.joined(ids):
+                continue
+            joined.update(ranks)
+            for who in ids:
+                counter = self.board.heartbeat(who)
+                monitor.observe(who, counter, now)
+                if monitor.dead(who, now) or monitor.known_dead(who, counter):
+                    dead.add(who.rank)
+        return co.RolloutView(self._instance_ranks, frozenset(joined), frozenset(dead))
+
+    def _await_members(self, deadline: float) -> tuple[int, ...]:
+        got: list[co.Members] = []
+
+        def enough(_: list[bytes]) -> bool:
+            decision = co.decide_members(self._rollout_view(), self.min_instances)
+            got[:] = [decision] if isinstance(decision, co.Members) else []
+            return bool(got)
+
+        self.cp.wait_for([], deadline, f"at least {self.min_instances} complete rollout instance(s) to join",
+                         ready=enough, epoch=self.epoch or None, since=self._since)
+        return got[0].instances
+
+    def _await_staleness(self, version: int, rollout_ranks: tuple[int, ...], deadline: float) -> None:
+        """Async: wait until every receiver that has staged something applied >= version - max(k, 1)."""
+        staged = [r for r in rollout_ranks if self.board.ack_of("staged", r) is not None]
+        if not staged:
+            return
+        first = co.decide_staleness(version, self.max_staleness, staged, {})
+
+        def fresh(_: list[bytes]) -> bool:
+            applied = {r: a.version for r, a in self.board.acks("applied", staged).items()}
+            return isinstance(co.decide_staleness(version, self.max_staleness, staged, applied), co.Fresh)
+
+        self.cp.wait_for(
+            [], deadline, f"every receiver to apply version >= {first.bound} (max_staleness {self.max_staleness})",
+            ready=fresh, epoch=self.epoch or None, since=self._since, watch=rollout_ids(staged),
+        )
+
+    def _epoch_view(self) -> co.EpochView:
+        if self.roster is None:
+            return co.EpochView(epoch=self.epoch)
+        joins = {}
+        for who in self.hellos:
+            join = self.board.join_of(who)
+            joins[who] = None if join is None else join.nonce
+        return co.EpochView(
+            epoch=self.epoch, instances=self.roster.instances, broken=self.broken,
+            failures=self.board.failure_count(self.epoch),
+            hello_nonces={who: h.nonce for who, h in self.hellos.items()}, join_nonces=joins,
+        )
+
+    # -- every trainer rank -------------------------------------------------------------------
+    def _await_announce(self, version: int) -> Announce:
+        """Trainer ranks > 0: wait for rank 0's announcement of ``version`` (two deadlines: it may
+        first wait for the staleness bound)."""
+        seen: list[Announce] = []
+
+        def is_mine(values: list[bytes]) -> bool:
+            ann = decode(values[0], Announce)
+            failures = self.board.failure_count(ann.epoch) if self.seq == 0 else 0
+            if co.accepts_announcement(ann.seq, ann.version, last_seq=self.seq, version=version,
+                                       failures_in_epoch=failures):
+                seen[:] = [ann]
+            return bool(seen)
+
+        self.cp.wait_for(
+            [self.board.announcement_key()], self.cp.deadline(2 * self.timeout_s),
+            f"trainer 0 to announce version {version}",
+            # epoch 0 too: trainer 0 publishes there when it fails before any epoch (no receivers)
+            ready=is_mine, epoch=self.epoch, since=self._since, watch=[RankId(TRAINER, 0)],
+        )
+        return seen[0]
+
+    def _await_acks(self, ann: Announce, roster: Roster) -> None:
+        ranks = roster.rollout_ranks
+        stage = co.ack_stage(self.mode, self.max_staleness)
+
+        def done(_: list[bytes]) -> bool:
+            acks = {r: a.seq for r, a in self.board.acks(stage, ranks).items()}
+            return not co.pending_acks(acks, ranks, ann.seq)
+
+        self.cp.wait_for(
+            self.board.ack_keys(stage, ranks), self.cp.deadline(),
+            f"every rollout rank to ack {stage} version {ann.version}",
+            ready=done, epoch=ann.epoch, watch=roster.members,
+        )
+
+    def close(self) -> None:
+        """Leave the bridge. Trainer rank 0 hosts the store: close it last."""
+        self._close_common()
+

@@ -1,0 +1,198 @@
+"""One :meth:`Executor.run <weightbridge.transport.executor.Executor.run>` as a pipeline of round stages.
+
+Per round ``i`` of the rank: :meth:`RoundPipeline.pre` (slice the round's slab into wire buffers,
+pack and checksum the sends), the executor's waves (``Executor._exchange``), then
+:meth:`RoundPipeline.post` (verify checksums, unpack the receives, drop the buffers). ``pre`` and
+``post`` run on the *worker*: the calling thread (``overlap`` ``"inline"`` / ``"off"``) or one
+background thread (``"thread"``). With overlap, round ``i + 1``'s ``pre`` is submitted right after
+round ``i``'s first wave is issued, unless it is *dependent* (a rollout rank's exchange sends read
+what earlier rounds received: packed only after the previous ``post``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from weightbridge.errors import ProtocolError
+from weightbridge.plan.types import ROLLOUT
+from weightbridge.tensors import pack_items, unpack_items
+from weightbridge.transport.errors import ChecksumError
+from weightbridge.transport.wire import Transfer, checksum, read_trailer, wire_buffer, write_trailer
+
+if TYPE_CHECKING:
+    from weightbridge.transport.executor import Executor
+
+
+@dataclass
+class ExecStats:
+    """What one :meth:`Executor.run` did on one rank. Byte counts are payload (plan) bytes."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0  # wall time of run()
+    rounds: int = 0  # rounds this rank took part in
+    peak_buffer_bytes: int = 0  # max wire-buffer bytes alive at once (<= 2 x round_bytes)
+    round_seconds: list[float] = field(default_factory=list)  # per round taken part in: comm wall time
+    round_indices: list[int] = field(default_factory=list)  # plan round index of each entry above
+    pack_seconds: float = 0.0
+    unpack_seconds: float = 0.0
+    wait_seconds: float = 0.0  # main thread blocked on the worker (pack not ready / unpack not done)
+    chunks: int = 0  # P2P ops issued
+    local_copies: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Inline:
+    """The worker interface, run on the calling thread (``overlap`` ``"inline"`` / ``"off"``)."""
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by fut.result()
+            fut.set_exception(exc)
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _worker(ex: Executor, rounds: int) -> Any:
+    if ex.overlap != "thread" or rounds == 0:
+        return _Inline()
+    init = None
+    if ex.wire_device.type == "cuda":
+        dev = ex.wire_device
+
+        def init() -> None:
+            torch.cuda.set_device(dev)
+
+    return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+
+
+class RoundPipeline:
+    """The state of one run: the source and target tensors, the stats, the worker and its futures."""
+
+    def __init__(self, ex: Executor, source: Mapping[str, torch.Tensor],
+                 target: Mapping[str, torch.Tensor] | None) -> None:
+        self.ex = ex
+        self.source = source
+        self.target = target
+        self.stats = ExecStats()
+        self.n = len(ex.my_rounds)
+        # Rollout exchange sends read what earlier rounds received: pack them only after the previous unpack.
+        self.dependent = [ex.side == ROLLOUT and bool(ex.my_rounds[i][1]) for i in range(self.n)]
+        self.ahead = ex.overlap != "off"
+        self.lock = threading.Lock()  # guards the stats the worker updates
+        self.worker = _worker(ex, self.n)
+        self.pending: cf.Future | None = None  # the pre of the next round
+        self.last_post: cf.Future | None = None  # the post of the previous round
+
+    def run(self, on_round: Callable[[int, ExecStats], None] | None) -> ExecStats:
+        """Every round of the rank, in plan order; frees the worker (and the slabs unless kept)."""
+        ex, stats = self.ex, self.stats
+        try:
+            self.pending = self.worker.submit(self.pre, 0) if self.n else None
+            for i in range(self.n):
+                self.round(i)
+                if on_round is not None:
+                    on_round(ex.my_rounds[i][0], stats)
+            if self.last_post is not None:
+                tw = time.perf_counter()
+                self.last_post.result()
+                stats.wait_seconds += time.perf_counter() - tw
+        finally:
+            self.worker.shutdown(wait=True, cancel_futures=True)
+            stats.peak_buffer_bytes = ex.buffer_bytes()
+            if not ex.keep_buffers:
+                ex.release_buffers()
+        return stats
+
+    def round(self, i: int) -> None:
+        """Round ``i``: take its packed transfers, exchange them, hand them to ``post``."""
+        ex, stats = self.ex, self.stats
+        ridx, sends, recvs = ex.my_rounds[i]
+        tw = time.perf_counter()
+        if self.pending is None:
+            raise ProtocolError(ex.group.describe_rank(ex.me), f"round {ridx} was never packed")
+        transfers = self.pending.result()
+        stats.wait_seconds += time.perf_counter() - tw
+        self.pending = None
+        tc = time.perf_counter()
+        stats.chunks += ex._exchange(ridx, transfers, after_issue=lambda: self.pack_ahead(i))
+        stats.round_seconds.append(time.perf_counter() - tc)
+        stats.round_indices.append(ridx)
+        stats.rounds += 1
+        stats.bytes_sent += sum(b.nbytes for b in sends)
+        stats.bytes_received += sum(b.nbytes for b in recvs)
+        if self.last_post is not None:
+            self.last_post.result()  # surface an unpack / checksum failure of the previous round now
+        self.last_post = self.worker.submit(self.post, i, transfers)
+        if i + 1 < self.n and self.pending is None:
+            self.pending = self.worker.submit(self.pre, i + 1)
+
+    def pack_ahead(self, i: int) -> None:
+        """Called once round ``i``'s first wave is issued: start packing round ``i + 1`` (overlap)."""
+        if self.ahead and i + 1 < self.n and not self.dependent[i + 1]:
+            self.pending = self.worker.submit(self.pre, i + 1)
+
+    def pre(self, i: int) -> list[Transfer]:
+        """Round ``i``'s wire buffers (slices of its slab); the sends packed and checksummed."""
+        ex = self.ex
+        ridx, sends, recvs = ex.my_rounds[i]
+        ts = time.perf_counter()
+        slab = ex._slab(i)
+        out: list[Transfer] = []
+        off = 0
+        for b in recvs:
+            tr = Transfer(b, ex._sender_bridge(b), False, b.nbytes + ex.trailer)
+            tr.buf = slab[off : off + tr.nbytes]
+            off += tr.nbytes
+            out.append(tr)
+        for b in sends:
+            tr = Transfer(b, ex._receiver_bridge(b), True, b.nbytes + ex.trailer)
+            tr.buf = slab[off : off + tr.nbytes]
+            off += tr.nbytes
+            pack_items(b.items, self.source, tr.buf)
+            if ex.checksums:
+                write_trailer(tr.buf, b.nbytes, checksum(tr.buf[: b.nbytes]))
+            ex._after_pack(ridx, tr.peer, tr.buf)
+            out.append(tr)
+        with self.lock:
+            self.stats.pack_seconds += time.perf_counter() - ts
+        return out
+
+    def post(self, i: int, transfers: list[Transfer]) -> None:
+        """Verify and unpack round ``i``'s receives into the target; release the round's buffers."""
+        ex = self.ex
+        ridx = ex.my_rounds[i][0]
+        ts = time.perf_counter()
+        try:
+            for tr in transfers:
+                if tr.send:
+                    continue
+                b, buf = tr.bucket, wire_buffer(tr, ex.group, ridx)
+                if ex.checksums:
+                    want, got = read_trailer(buf, b.nbytes), checksum(buf[: b.nbytes])
+                    if want != got:
+                        raise ex.group.error(
+                            ChecksumError, tr.peer, ridx,
+                            f"bucket of {b.nbytes} B from {ex.group.describe_rank(tr.peer)}: "
+                            f"checksum {got:#x}, sender sent {want:#x}",
+                        )
+                unpack_items(b.items, buf, self.target)  # type: ignore[arg-type]
+        finally:
+            for tr in transfers:
+                tr.buf = None
+            transfers.clear()
+            with self.lock:
+                self.stats.unpack_seconds += time.perf_counter() - ts
