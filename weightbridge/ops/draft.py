@@ -27,7 +27,7 @@ NETWORK_FOR_TRANSPORT = {"auto": DEFAULT_NETWORK, "nccl": DEFAULT_NETWORK, "gloo
 _MODE_NOTE = {
     "sync": "the trainer waits until every rollout rank applied each update",
     "async": "rollout keeps serving the previous weights while the next update is staged",
-    "colocated": "trainer and rollout share GPUs; updates move through device memory",
+    "colocated": "trainer and rollout tensors in one process; updates are direct tensor copies (no wire)",
 }
 
 

@@ -30,22 +30,10 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tupl
         else:
             key = (rho, s, templates[g].ranks[i][l])
             lst, acc = pl, pb
-        cur = lst.get(key)
-        if cur is None:
-            lst[key] = list(items)
-            acc[key] = b
-        else:
-            cur.extend(items)
-            acc[key] += b
+        _add(lst, acc, key, items, b)
     for (s, w, g, l, i, b, items, _), rho in zip(packets.forwards, schedule.forward_rounds):
         key = (rho, s, g, l, i)
-        cur = xl.get(key)
-        if cur is None:
-            xl[key] = list(items)
-            xb[key] = b
-        else:
-            cur.extend(items)
-            xb[key] += b
+        _add(xl, xb, key, items, b)
     per_round: dict[int, list[Bucket]] = {}
     new = tuple.__new__
     for key, lst in tl.items():
@@ -86,3 +74,14 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tupl
 
 
 __all__ = ["assemble"]
+
+
+def _add(lists: dict, sizes: dict, key: tuple, items: tuple, nbytes: int) -> None:
+    """Append ``items`` (``nbytes`` on the wire) to the bucket ``key`` of ``lists`` / ``sizes``."""
+    cur = lists.get(key)
+    if cur is None:
+        lists[key] = list(items)
+        sizes[key] = nbytes
+    else:
+        cur.extend(items)
+        sizes[key] += nbytes
