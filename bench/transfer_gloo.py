@@ -15,7 +15,8 @@ barriers (best of ``--iters``), every rollout tensor verified bitwise after each
 (c) **raw P2P bound**: every (sender, receiver) pair of the plan moves exactly its bytes as one
     pre-packed buffer, all in one batch (no packing, no unpacking, no rounds).
 
-Prints the three times, the ratios b/a and a/c, and the bytes each method moved.
+Prints the three times, the ratios b/a and a/c, the bytes each method moved, and the cost of
+``sync.checksums`` (on by default): (a) inline with and without checksums, alternating, as a ratio.
 
     python bench/transfer_gloo.py                   # ~230 MB bf16 model, 2 -> 2 x 2 ranks
     python bench/transfer_gloo.py --layers 4 --json # smaller, JSON out
@@ -132,10 +133,12 @@ def worker(cfg: dict) -> dict:
         out["times"][name] = best
         out["bytes"][name] = nbytes
 
-    # (a) weightbridge, with and without pack/unpack overlap.
+    # (a) weightbridge, with and without pack/unpack overlap (no checksums), then inline with
+    # checksums (sync.checksums, the default: CRC-32 per bucket on CPU wire buffers). The two
+    # inline runs alternate per iteration so that machine noise hits both alike.
     for overlap in ("inline", "thread", "off"):
         ex = Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"),
-                      chunk_bytes=cfg["chunk_bytes"], overlap=overlap)
+                      chunk_bytes=cfg["chunk_bytes"], overlap=overlap, checksums=False)
 
         def run_wb(ex=ex) -> int:
             st = ex.run(local)
@@ -144,6 +147,21 @@ def worker(cfg: dict) -> dict:
 
         timed(f"weightbridge_{overlap}", run_wb)
         ex.release_buffers()
+    pair = {ck: Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"), chunk_bytes=cfg["chunk_bytes"],
+                         overlap="inline", checksums=ck) for ck in (False, True)}
+    for it in range(cfg["iters"]):
+        for ck in ((False, True) if it % 2 == 0 else (True, False)):
+            saved, cfg["iters"] = cfg["iters"], 1
+            timed(f"wb_pair_{'on' if ck else 'off'}_{it}", lambda ck=ck: pair[ck].run(local).bytes_received)
+            cfg["iters"] = saved
+    for ck in (False, True):
+        name = "on" if ck else "off"
+        out["times"][f"checksums_{name}"] = min(out["times"].pop(f"wb_pair_{name}_{i}") for i in range(cfg["iters"]))
+        out["verified"][f"checksums_{name}"] = all(out["verified"].pop(f"wb_pair_{name}_{i}", True)
+                                                   for i in range(cfg["iters"]))
+        for i in range(cfg["iters"]):
+            out["bytes"].pop(f"wb_pair_{name}_{i}", None)
+        pair[ck].release_buffers()
 
     # (b) gather-then-broadcast.
     tlayouts = r.trainer.ranks
@@ -278,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     cfgs += [({**base, "side": "rollout", "rank": q},) for q in range(R)]
     t0 = time.monotonic()
     results = launch(worker, cfgs, timeout_s=args.timeout * 4)
+    if not all(res.ok for res in results):  # every rank's outcome first, then the first failure
+        for res in results:
+            why = "ok" if res.ok else (f"FAILED: {type(res.error).__name__}: {res.error}" if res.error is not None
+                                       else f"FAILED: died (exit {res.exitcode}, timed out {res.timed_out})")
+            print(f"rank process {res.index} ({cfgs[res.index][0]['side']} {cfgs[res.index][0]['rank']}): {why}",
+                  file=sys.stderr)
     outs = [res.unwrap() for res in results]
     wall = time.monotonic() - t0
 
@@ -292,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         "raw": sum(o["bytes"]["raw"] for o in rollouts),
     }
     verified = {k: all(o["verified"].get(k, False) for o in rollouts)
-                for k in [f"weightbridge_{m}" for m in modes] + ["gather_broadcast"]}
+                for k in [f"weightbridge_{m}" for m in modes] + ["gather_broadcast", "checksums_on", "checksums_off"]}
+    ck_on, ck_off = t("checksums_on"), t("checksums_off")
     tw = {m: t(f"weightbridge_{m}") for m in modes}
     a, b, c = tw["inline"], t("gather_broadcast"), t("raw")
     wb_peak = max(o["wb_stats"]["inline"]["peak_buffer_bytes"] for o in outs)
@@ -306,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": {**{f"weightbridge_{m}": tw[m] for m in modes}, "gather_broadcast": b, "raw_p2p": c},
         "bytes_moved": moved,
         "ratio_b_over_a": b / a, "ratio_a_over_c": a / c,
+        "checksums": {"on_s": ck_on, "off_s": ck_off, "ratio_on_over_off": ck_on / ck_off},
         "peak_buffer_bytes": wb_peak,
         "verified": verified,
         "wall_s": wall,
@@ -335,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<34}{sec:>9.3f}{nb / mb:>10.1f}{nb / sec / 1e9:>7.2f}  {ok}")
         print(f"b/a = {b / a:.2f}  (gather+broadcast time / weightbridge time)")
         print(f"a/c = {a / c:.2f}  (weightbridge time / raw P2P bound)")
+        print(f"checksums on/off = {ck_on / ck_off:.3f}  ({ck_on:.3f} s with sync.checksums, the default, vs "
+              f"{ck_off:.3f} s without; inline, alternating runs, verified {verified['checksums_on']})")
         print(f"peak wire-buffer bytes per rank: {wb_peak / mb:.1f} MB (cap 2 x round_bytes = {2 * round_bytes / mb:.1f} MB)")
     return 0 if all(verified.values()) else 1
 

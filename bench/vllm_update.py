@@ -58,6 +58,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="wb-bench-vllm-"))
     model_dir = sc.write_model(work / "v0", "qwen2", **overrides)
     spec = sc.spec_text("qwen2", model_dir, args.tp, "sync", args.timeout_s)
+    from weightbridge.sync.auth import ensure_env_secret
+
+    ensure_env_secret()  # the trainers (launch) and the engine's workers inherit the job secret
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout_s)
     job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(work),
            "phases": [{"prefix": "wb-bench", "steps": args.versions, "spec": spec}],
@@ -69,23 +72,30 @@ def main() -> int:
     trainers.start()
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else print
     t0 = time.perf_counter()
-    llm = sc.make_llm(model_dir, args.tp)
-    say(f"engine up in {time.perf_counter() - t0:.1f}s")
-    sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-bench"))
     rows = []
-    for v in range(1, args.versions + 1):
-        master.set(f"bench/go/{v}", b"1")
-        sync.update(v)
-        ours = time.time()
-        problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(str(sc.version_dir(work, v)),))
-                    for p in ps]
-        t = time.perf_counter()
-        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(sc.version_dir(work, v))})
-        reload_s = time.perf_counter() - t
-        rows.append({"version": v, "ours_end": ours, "reload_s": reload_s, "problems": problems})
+    try:
+        llm = sc.make_llm(model_dir, args.tp)
+        say(f"engine up in {time.perf_counter() - t0:.1f}s")
+        sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-bench"))
+        for v in range(1, args.versions + 1):
+            master.set(f"bench/go/{v}", b"1")
+            sync.update(v)
+            ours = time.time()
+            problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(str(sc.version_dir(work, v)),))
+                        for p in ps]
+            t = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(sc.version_dir(work, v))})
+            reload_s = time.perf_counter() - t
+            rows.append({"version": v, "ours_end": ours, "reload_s": reload_s, "problems": problems})
+    except BaseException as exc:
+        # The driver failed: every trainer rank's own result or error first (it is often the cause).
+        print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        trainers.join(timeout=args.timeout_s + 10)  # trainer ranks raise within their own deadline
+        report_ranks(results, trainers.is_alive())
+        raise
     trainers.join(timeout=args.timeout_s)
     if not results or not all(r.ok for r in results):
-        print(f"trainer failed: {[(r.error, r.traceback) for r in results]}", file=sys.stderr)
+        report_ranks(results, trainers.is_alive())
         return 1
     rec = {r["version"]: r for r in results[0].value}
     for row in rows:
@@ -110,6 +120,20 @@ def main() -> int:
         print(f"median baseline / weightbridge: {out['median_ratio']:.2f}x")
     llm.collective_rpc("shutdown_weight_transfer_engine")
     return 0 if out["all_bitwise_equal"] else 1
+
+
+def report_ranks(results: list, running: bool) -> None:
+    """Print every trainer rank's outcome (value summary or error + traceback tail) on stderr."""
+    if not results:
+        print(f"trainer ranks: no results ({'still running' if running else 'none returned'})", file=sys.stderr)
+    for r in results:
+        if r.ok:
+            print(f"trainer rank {r.index}: ok ({len(r.value or [])} pushes)", file=sys.stderr)
+        else:
+            why = f"{type(r.error).__name__}: {r.error}" if r.error is not None else f"died (exit {r.exitcode})"
+            tail = "\n    ".join(r.traceback.strip().splitlines()[-6:]) if r.traceback else ""
+            print(f"trainer rank {r.index}: FAILED{' (timed out)' if r.timed_out else ''}: {why}"
+                  + (f"\n    {tail}" if tail else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":

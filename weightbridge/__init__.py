@@ -47,6 +47,9 @@ _EXPORTS = {
     "HandshakeMismatch": "weightbridge.errors",
     "TornModelError": "weightbridge.errors",
     "NothingToApply": "weightbridge.errors",
+    "StoreUnreachable": "weightbridge.errors",
+    "AuthError": "weightbridge.errors",
+    "ForgedMessage": "weightbridge.errors",
     "TransportError": "weightbridge.transport.errors",
     "open_store": "weightbridge.transport.store",
 }

@@ -8,6 +8,11 @@
       HandshakeMismatch(rank, field, ...)  ranks disagree on spec hash, plan hash or dtypes
       TornModelError(rank, version, ...)   an in-place update was interrupted; live weights are mixed
       NothingToApply(rank)                 apply() before any version was received
+      ProtocolError(rank, message)         a runtime invariant does not hold (a bad value on the store)
+        BadMessage(rank, message)          a control-store value is garbage, another kind or too large
+      AuthError(message)                   no usable job secret (how to provide one: the message)
+      ForgedMessage(rank, key, reason)     a control value that does not carry the job secret's MAC
+      StoreUnreachable(rank, address, ...) the control store is gone (or restarted empty) past the deadline
       TransportError(rank, peer, round, message)   the data plane (:mod:`weightbridge.transport.errors`):
         PeerTimeout, PeerDisconnected, ChecksumError
 
@@ -99,6 +104,23 @@ class NothingToApply(BridgeError):
         super().__init__(f"{self.rank}: no version received yet; call apply() after poll() returned True")
 
 
+class StoreUnreachable(BridgeError):
+    """``rank`` cannot reach the control store at ``address`` (``host:port``) within its deadline.
+
+    Raised by every store call of a bridge (``from_spec`` included) once reconnecting failed for
+    ``sync.timeout_s`` (:mod:`weightbridge.transport.store_client`). ``restarted``: the store came
+    back empty (a restarted ``weightbridge store`` process lost every key): the bridge's state is
+    gone, so rebuild the bridge with ``from_spec``; the next push heals the rollouts.
+    """
+
+    def __init__(self, rank: Any, address: str, message: str, restarted: bool = False) -> None:
+        self.rank = str(rank)
+        self.address = str(address)
+        self.message = message
+        self.restarted = bool(restarted)
+        super().__init__(f"{self.rank}: control store {self.address} unreachable: {message}")
+
+
 class ProtocolError(BridgeError):
     """A runtime invariant does not hold on ``rank`` (a bug, or ranks driven out of the documented order)."""
 
@@ -106,6 +128,36 @@ class ProtocolError(BridgeError):
         self.rank = str(rank)
         self.message = message
         super().__init__(f"{self.rank}: {message}")
+
+
+class AuthError(BridgeError):
+    """No usable job secret for a spec with ``sync.auth: required``; the message says how to provide one."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+class ForgedMessage(BridgeError):
+    """The value ``rank`` read under store key ``key`` is not authenticated by the job secret (never decoded).
+
+    Someone without the secret wrote it (or a process with a different secret, or it was copied
+    from another key). See ``docs/trust.md``.
+    """
+
+    def __init__(self, rank: Any, key: str, reason: str) -> None:
+        self.rank = str(rank)
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{self.rank}: the value under {key!r} is not authenticated by the job secret ({reason}); "
+                         "ignored: is another process with a different WEIGHTBRIDGE_SECRET (or none) using this store?")
+
+
+class BadMessage(ProtocolError, ValueError):
+    """A value read from the control store is not a valid message of the kind its key holds
+    (garbage, another message kind, over the size bound). ``rank``: who read it (``control store``
+    when raised by the decoder itself). Also a ``ValueError``, so that readers that re-raise a
+    decoding error naming the key (``ControlPlane.parse``) keep doing so."""
 
 
 def error_data(exc: BaseException) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
     slow, kill = opts.get("slow"), opts.get("kill")
 
     def on_round(index: int) -> None:
-        ann = store.get("wb/ann").decode()
+        ann = store.get("wb/ann").decode(errors="replace")  # MAC || JSON
         if kill is not None and f'"version":{kill}' in ann:
             os.kill(os.getpid(), signal.SIGKILL)
         if slow is not None and index == 0 and f'"version":{slow[0]},' in ann:

@@ -108,7 +108,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
     def on_round(index: int) -> None:
         if kill is not None and index >= kill[1]:
             ann = store.get("wb/ann")
-            if f'"version":{kill[0]}' in ann.decode():
+            if f'"version":{kill[0]}' in ann.decode(errors="replace"):  # MAC || JSON
                 store.set("test/killed_at", str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
 

@@ -111,7 +111,7 @@ def test_a_receiver_killed_mid_round_fails_everyone_in_time_and_the_next_push_dr
 def test_a_handshake_mismatch_fails_every_rank_naming_both_sides(fault):
     text = spec(mode="sync", rollout=ONE_INSTANCE)
     # spec_hash: rollout 1's spec differs only in sync.checksums (a setting every rank must agree on)
-    odd_text = spec(mode="sync", rollout=ONE_INSTANCE, checksums=True) if fault == "spec_hash" else text
+    odd_text = spec(mode="sync", rollout=ONE_INSTANCE, checksums=False) if fault == "spec_hash" else text
     odd = {"dtype": "float32"} if fault == "dtypes" else {}
     procs = [("trainer", text, t, {"versions": [1]}) for t in range(2)]
     procs += [("rollout", odd_text if r == 1 else text, r,

@@ -25,7 +25,7 @@ from sync_harness import Threads, canonical, rollout_bridge, spec_text, trainer_
 ONE_INSTANCE = "{preset: vllm, instances: 1, mesh: {tp: 2}}"
 
 MOVED_TO_SPEC = {  # sync field -> a value other than the default
-    "checksums": True,
+    "checksums": False,  # on by default
     "receiver_dedup": "on",
     "heartbeat_s": 0.5,
     "min_instances": 1,
@@ -43,7 +43,7 @@ def test_every_setting_ranks_must_agree_on_is_in_the_spec_hash(field):
 
 def test_two_ranks_whose_specs_differ_only_in_checksums_fail_the_handshake_on_the_spec_hash():
     same = load_spec(spec_text(mode="sync", timeout_s=5, rollout=ONE_INSTANCE))
-    odd = load_spec(spec_text(mode="sync", timeout_s=5, rollout=ONE_INSTANCE, checksums=True))
+    odd = load_spec(spec_text(mode="sync", timeout_s=5, rollout=ONE_INSTANCE, checksums=False))
     T = Threads()
     rollouts = [rollout_bridge(r, i, T.store, staging=True) for i, r in enumerate((same, odd))]
     trainers = [trainer_bridge(same, t, T.store)[0] for t in range(2)]

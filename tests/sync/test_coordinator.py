@@ -43,25 +43,67 @@ def test_live_instances_of_one_rank_instances():
     assert co.live_instances(view((0, 2), (), instances=((0,), (1,), (2,)))) == (0, 2)
 
 
-# -- the staleness bound (async) -----------------------------------------------------------------
+# -- the staleness bound (async): over versions each receiver's current process staged --------------
+INC = co.Incarnation
+
+
 STALENESS = [
-    # (version, max_staleness, staged ranks, applied, expected)
-    (5, 1, (), {}, co.Fresh(4)),  # nobody staged anything yet: nothing to wait for
-    (5, 1, (0, 1), {0: 4, 1: 4}, co.Fresh(4)),
-    (5, 1, (0, 1), {0: 4, 1: 3}, co.AwaitStaleness(4, (1,))),
-    (5, 1, (0, 1), {0: 4}, co.AwaitStaleness(4, (1,))),  # staged, never applied
-    (5, 2, (0, 1), {0: 3, 1: 3}, co.Fresh(3)),
-    (5, 2, (0, 1), {0: 2, 1: 5}, co.AwaitStaleness(3, (0,))),
-    (5, 0, (0,), {0: 4}, co.Fresh(4)),  # k = 0 waits like k = 1 here (push itself waits for applied)
-    (5, 0, (0,), {0: 3}, co.AwaitStaleness(4, (0,))),
-    (1, 1, (0,), {}, co.AwaitStaleness(0, (0,))),
-    (9, 3, (0, 1, 2, 3), {0: 6, 1: 6, 2: 7, 3: 5}, co.AwaitStaleness(6, (3,))),
+    # (max_staleness, records: rank -> Incarnation, applied: rank -> (seq, version), expected)
+    (1, {}, {}, co.Fresh()),
+    (1, {0: INC("a", 0)}, {}, co.Fresh()),  # staged nothing yet: nothing to wait for
+    (1, {0: INC("a", 0, ((1, 1),))}, {0: (1, 1)}, co.Fresh()),
+    (1, {0: INC("a", 0, ((1, 1),))}, {}, co.AwaitStaleness(((0, 1, None),))),  # staged, never applied
+    (1, {0: INC("a", 0, ((1, 1), (2, 2)))}, {0: (1, 1)}, co.AwaitStaleness(((0, 2, 1),))),
+    (2, {0: INC("a", 0, ((1, 1), (2, 2)))}, {0: (1, 1)}, co.Fresh()),  # k = 2: one behind is fine
+    (2, {0: INC("a", 0, ((1, 1),))}, {}, co.Fresh()),  # fewer than k delivered: not waited for
+    (0, {0: INC("a", 0, ((1, 1),))}, {0: (1, 1)}, co.Fresh()),  # k = 0 waits like k = 1 here
+    # versions never delivered (a failed push 2, never announced: numbers 1 and 3) are not waited for
+    (1, {0: INC("a", 0, ((1, 1), (3, 3)))}, {0: (3, 3)}, co.Fresh()),
+    (1, {0: INC("a", 0, ((1, 1), (3, 5)))}, {0: (1, 1)}, co.AwaitStaleness(((0, 5, 1),))),
+    # an applied ack of an earlier process of the rank (seq not past since_seq) does not count
+    (1, {0: INC("b", 4, ((5, 5),))}, {0: (4, 4)}, co.AwaitStaleness(((0, 5, None),))),
+    (1, {0: INC("b", 4, ((5, 5),)), 1: None, 2: INC("c", 0, ((5, 5),))}, {0: (5, 5), 2: (5, 5)}, co.Fresh()),
+    (1, {3: INC("a", 0, ((2, 2),)), 1: INC("a", 0, ((2, 2),))}, {}, co.AwaitStaleness(((1, 2, None), (3, 2, None)))),
 ]
 
 
-@pytest.mark.parametrize("version,k,staged,applied,want", STALENESS)
-def test_decide_staleness(version, k, staged, applied, want):
-    assert co.decide_staleness(version, k, staged, applied) == want
+@pytest.mark.parametrize("k,records,applied,want", STALENESS)
+def test_decide_staleness(k, records, applied, want):
+    assert co.decide_staleness(k, records, applied) == want
+
+
+def test_a_restarted_receiver_starts_a_new_record_and_a_missing_join_keeps_the_old():
+    old = INC("a", 0, ((1, 1),))
+    assert co.track_incarnation(old, "a", 5) is old
+    assert co.track_incarnation(old, "b", 5) == INC("b", 5)  # a restart: nothing delivered to it yet
+    assert co.track_incarnation(old, None, 5) is old  # join key gone: it rejoins with the same nonce
+    assert co.track_incarnation(None, None, 5) is None
+    assert co.track_incarnation(None, "a", 2) == INC("a", 2)
+
+
+AFTER_PUSH = [
+    # (record, push seq, version, staged ack seq, expected staged)
+    (INC("a", 0), 1, 1, 1, ((1, 1),)),
+    (INC("a", 0, ((1, 1),)), 2, 2, 2, ((1, 1), (2, 2))),
+    (INC("a", 0, ((1, 1), (2, 2))), 3, 3, 3, ((2, 2), (3, 3))),  # the last `keep` (2)
+    (INC("a", 0, ((1, 1),)), 2, 2, 1, ()),  # did not stage push 2: its staged copy may be gone
+    (INC("a", 0, ((1, 1),)), 2, 2, None, ()),
+    (INC("a", 2, ()), 2, 2, 2, ()),  # joined after push 2 was fixed: an earlier process' ack
+]
+
+
+@pytest.mark.parametrize("record,seq,version,staged_seq,staged", AFTER_PUSH)
+def test_after_push(record, seq, version, staged_seq, staged):
+    got = co.after_push(record, seq=seq, version=version, staged_seq=staged_seq, keep=2)
+    assert got.staged == staged and (got.nonce, got.since_seq) == (record.nonce, record.since_seq)
+
+
+def test_async_heals_after_a_push_that_timed_out_in_the_staleness_wait():
+    """The issue's reproducer as a table walk: 1 receiver, k = 1, push 2 never announced."""
+    rec = co.after_push(INC("a", 0), seq=1, version=1, staged_seq=1, keep=2)
+    assert co.decide_staleness(1, {0: rec}, {}) == co.AwaitStaleness(((0, 1, None),))  # push 2 waits, times out
+    # version 2 was never announced; the slow apply of 1 lands: push 3 may start
+    assert co.decide_staleness(1, {0: rec}, {0: (1, 1)}) == co.Fresh()
 
 
 # -- epochs and what to announce -----------------------------------------------------------------
@@ -94,19 +136,21 @@ def test_epoch_change_and_the_push_decision(current, instances, reason):
 
 
 ANNOUNCEMENTS = [
-    # (announced seq, announced version, my last seq, my version, failures in its epoch, mine?)
-    (5, 9, 4, 9, 0, True),
-    (5, 9, 5, 9, 0, False),  # already handled
-    (5, 8, 4, 9, 0, False),  # another version: rank 0 is still deciding mine
-    (1, 9, 0, 9, 0, True),
-    (3, 9, 0, 9, 1, False),  # a restarted rank: the failed attempt, not the retry
-    (6, 9, 4, 9, 2, True),  # not fresh: failures concern earlier pushes
+    # (announced (epoch, seq, version), my last (epoch, seq), my version, failures in its epoch, mine?)
+    ((2, 5, 9), (2, 4), 9, 0, True),
+    ((2, 5, 9), (2, 5), 9, 0, False),  # already handled
+    ((2, 5, 8), (2, 4), 9, 0, False),  # another version: rank 0 is still deciding mine
+    ((1, 1, 9), None, 9, 0, True),
+    ((1, 3, 9), None, 9, 1, False),  # a restarted rank: the failed attempt, not the retry
+    ((3, 6, 9), (2, 4), 9, 2, True),  # not fresh: failures concern earlier pushes
+    ((3, 1, 9), (2, 10**12), 9, 0, True),  # after a bogus seq of 10**12, a real announcement still counts
+    ((1, 1, 9), (4, 7), 9, 0, True),  # a restarted trainer 0 numbering from 1
 ]
 
 
-@pytest.mark.parametrize("seq,version,last,mine,failures,accepted", ANNOUNCEMENTS)
-def test_accepts_announcement(seq, version, last, mine, failures, accepted):
-    assert co.accepts_announcement(seq, version, last_seq=last, version=mine, failures_in_epoch=failures) is accepted
+@pytest.mark.parametrize("ann,last,mine,failures,accepted", ANNOUNCEMENTS)
+def test_accepts_announcement(ann, last, mine, failures, accepted):
+    assert co.accepts_announcement(ann, last=last, version=mine, failures_in_epoch=failures) is accepted
 
 
 @pytest.mark.parametrize("mode,k,stage", [("sync", 1, "applied"), ("colocated", 1, "applied"),
@@ -125,9 +169,30 @@ def test_pending_acks(acks, ranks, seq, pending):
     assert co.pending_acks(acks, ranks, seq) == pending
 
 
-@pytest.mark.parametrize("ann,handled,yes", [(None, 0, False), (1, 0, True), (3, 3, False), (4, 3, True)])
+@pytest.mark.parametrize("ann,handled,yes", [
+    (None, None, False), ((1, 1), None, True), ((1, 3), (1, 3), False), ((1, 4), (1, 3), True),
+    ((1, 4), (1, 10**12), True),  # any change is a new push: a bogus seq never blocks the real ones
+    ((2, 1), (1, 7), True),  # a new epoch / trainer incarnation numbering lower
+    (None, (1, 3), False),
+])
 def test_receives(ann, handled, yes):
     assert co.receives(ann, handled) is yes
+
+
+R = RankId
+ROOT_CAUSES = [
+    # (published failures (rank, type, message), me, expected cause)
+    ([], T0, None),
+    ([(T0, "ValueError", "mine")], T0, None),  # my own failure explains nothing
+    ([(R1, "PeerDisconnected", "x"), (R0, "ChecksumError", "bad crc")], T0, co.Cause(R0, "ChecksumError: bad crc", True)),
+    ([(R1, "PeerDisconnected", "x")], T0, co.Cause(R1, "PeerDisconnected: x", False)),  # only a symptom
+    ([(T1, "DeadlineExceeded", "late"), (R2, "RuntimeError", "engine")], R0, co.Cause(R2, "RuntimeError: engine", True)),
+]
+
+
+@pytest.mark.parametrize("failures,me,want", ROOT_CAUSES)
+def test_root_cause(failures, me, want):
+    assert co.root_cause(failures, me) == want
 
 
 # -- instance apply agreement --------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pydantic
 import pytest
 
+from weightbridge.errors import BadMessage, BridgeError
 from weightbridge.sync.messages import Ack, Announce, Failure, Hello, Join, Keys, Membership, decode, encode
 
 
@@ -23,14 +23,17 @@ def test_every_message_round_trips_through_json_without_pickle():
         assert decode(data, type(m)) == m
 
 
-def test_decode_rejects_another_message_kind_and_garbage():
+def test_decode_rejects_another_message_kind_garbage_and_huge_values_typed():
     data = encode(Announce(seq=1, version=1, epoch=1))
-    with pytest.raises(TypeError, match="expected a Ack message, got Announce"):
+    with pytest.raises(BadMessage, match="expected a Ack message, got Announce"):
         decode(data, Ack)
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(BadMessage, match="not a valid Announce message"):
         decode(b'{"kind": "announce", "seq": "x"}', Announce)
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(BadMessage, match="not a valid Announce message"):
         decode(b"\x80\x04K\x01.", Announce)  # a pickle is not a message
+    with pytest.raises(BadMessage, match="5242880-byte value is not a Announce message"):
+        decode(b" " * (5 << 20), Announce)  # rejected before parsing
+    assert isinstance(BadMessage("x", "y"), BridgeError)
 
 
 def test_key_layout_is_namespaced_by_prefix_and_epoch():

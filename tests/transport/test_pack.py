@@ -13,7 +13,7 @@ from weightbridge.layout.ir import dtype_bytes
 from weightbridge.plan.types import LocalCopy, WireItem
 from weightbridge.tensors import apply_local_copies, bitwise_equal, pack_items, torch_dtype, unpack_items
 from weightbridge.transport import backend_for, chunk_bounds
-from weightbridge.transport.wire import checksum, weighted_sum
+from weightbridge.transport.wire import checksum, poly_hash
 
 
 def item(canonical_box, src, src_box, dst, dst_box, dtype="float32", src_t=False, dst_t=False, name="w") -> WireItem:
@@ -187,7 +187,7 @@ def test_checksum_sees_flips_and_swaps() -> None:
     y[10] ^= 1
     z = x.clone()
     z[[3, 4]] = x[[4, 3]]
-    for fn in (checksum, weighted_sum):
+    for fn in (checksum, poly_hash):
         assert fn(x) == fn(x.clone()) and fn(x) != fn(y)
         if x[3] != x[4]:
             assert fn(x) != fn(z)

@@ -16,16 +16,30 @@ __all__ = ["connect", "device_of", "load_spec"]
 
 def connect(
     spec: str | Path | ResolvedSpec, host: str | None, port: int | None, store: Any, *, is_master: bool,
+    who: str = "this rank",
 ) -> tuple[ResolvedSpec, Any]:
-    """``from_spec``'s common part: the resolved spec and the control store (given, else opened at
-    ``host:port`` with the spec's deadline; hosted when ``is_master``: trainer rank 0)."""
+    """``from_spec``'s common part (every rank): the resolved spec and the control store.
+
+    The store is ``store`` when given (a ``TCPStore`` is wrapped to reconnect), else opened at
+    ``host:port`` with the spec's deadline: hosted here when ``is_master`` (trainer rank 0) and
+    the spec says ``sync.store: trainer0`` (the default); with ``sync.store: external`` every rank
+    connects to a store that outlives the bridges (``weightbridge store``). Either way the store is a
+    :class:`~weightbridge.transport.store_client.ReconnectingStore`: a dropped connection is
+    re-opened within ``sync.timeout_s``, and a store that stays unreachable (``from_spec`` included)
+    raises :class:`~weightbridge.errors.StoreUnreachable` naming ``who`` and ``host:port``.
+    """
     resolved = load_spec(spec)
+    timeout_s = float(resolved.sync.timeout_s)
+    from weightbridge.transport.store_client import ReconnectingStore, connect_store
+
     if store is None:
         if host is None or port is None:
-            raise ValueError("pass host and port of the control store (trainer rank 0 hosts it), or store=")
-        from weightbridge.transport.store import open_store
-
-        store = open_store(host, port, is_master=is_master, timeout_s=float(resolved.sync.timeout_s))
+            raise ValueError("pass host and port of the control store (trainer rank 0 hosts it unless the spec says "
+                             "sync.store: external), or store=")
+        hosts = is_master and resolved.sync.store == "trainer0"
+        store = connect_store(host, int(port), timeout_s=timeout_s, who=who, is_master=hosts)
+    else:
+        store = ReconnectingStore.around(store, timeout_s=timeout_s, who=who)
     return resolved, store
 
 

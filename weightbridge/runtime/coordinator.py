@@ -8,11 +8,13 @@ snapshot -> decision rows (``tests/sync/test_coordinator.py``).
 Who calls what:
 
 * trainer rank 0, per push: :func:`decide_members` (who is a member: complete instances with live
-  heartbeats, at least ``min_instances``), :func:`decide_staleness` (async: may the push start),
+  heartbeats, at least ``min_instances``), :func:`track_incarnation` / :func:`after_push` (what each
+  receiver's current process was delivered) and :func:`decide_staleness` (async: may the push start),
   :func:`decide_push` (reuse the epoch or open a new one, and what to announce);
 * every trainer rank: :func:`ack_stage` and :func:`pending_acks` (when ``push`` returns);
   ranks > 0: :func:`accepts_announcement` (is the announcement the one for my ``push(v)``);
-* every rollout rank: :func:`receives` (is an announcement a push for me);
+  after a transport error: :func:`root_cause` (the failure a peer published that explains it);
+* every rollout rank: :func:`receives` (is an announcement a push for me), :func:`root_cause`;
 * every rollout rank of a multi-rank instance: :func:`decide_instance_apply` (which version the
   instance's ranks apply together, see :mod:`weightbridge.runtime.instance`).
 """
@@ -69,33 +71,90 @@ def decide_members(view: RolloutView, min_instances: int) -> Members | AwaitInst
 
 
 # ---------------------------------------------------------------------------------------------
-# staleness (trainer rank 0, async mode)
+# staleness (trainer rank 0, async mode): counted over versions actually delivered
 # ---------------------------------------------------------------------------------------------
+#
+# Version numbers say nothing about delivery: a push that failed or was never announced delivered
+# nothing, so a bound of ``version - k`` could wait for a version nobody can ever apply (the
+# bridge jammed for good after one failed push). Trainer 0 instead remembers, per receiver
+# *process* (its join nonce), the versions that process staged, and waits for the k-th newest.
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """Trainer 0's memory of one rollout rank's current process (one join nonce).
+
+    ``since_seq``: the last push trainer 0 had announced when it first saw this nonce; acks with a
+    seq not above it were written by an earlier process of the rank and are ignored.
+    ``staged``: ``(seq, version)`` of the pushes this process staged, oldest first (the last few),
+    since the last push to it that it did not stage (which may have overwritten its staged copy).
+    """
+
+    nonce: str
+    since_seq: int
+    staged: tuple[tuple[int, int], ...] = ()
+
+
+def track_incarnation(record: Incarnation | None, nonce: str | None, last_seq: int) -> Incarnation | None:
+    """The record of the rank's process now: a new, empty one when its join nonce changed (a restart).
+
+    ``nonce`` None (join record missing or unreadable): keep what was known (the rank rejoins).
+    """
+    if nonce is None:
+        return record
+    if record is None or record.nonce != nonce:
+        return Incarnation(nonce, last_seq)
+    return record
+
+
+def after_push(record: Incarnation, *, seq: int, version: int, staged_seq: int | None, keep: int) -> Incarnation:
+    """Push ``seq`` (``version``) to this rank ended (success or not); ``staged_seq``: its staged ack's seq.
+
+    Staged it: remember it (the last ``keep``). Did not: forget everything it staged before, since
+    the failed receive may have replaced its staged copy; waiting for those could never end.
+    """
+    if record.since_seq >= seq:
+        return record  # this process joined after push seq was fixed: it was not a receiver
+    if staged_seq == seq:
+        return Incarnation(record.nonce, record.since_seq, (record.staged + ((seq, version),))[-keep:])
+    return Incarnation(record.nonce, record.since_seq, ())
 
 
 @dataclass(frozen=True)
 class Fresh:
-    """Every receiver that staged anything applied at least ``bound``: the push may start."""
-
-    bound: int
+    """Every receiver applied a recent enough delivered version: the push may start."""
 
 
 @dataclass(frozen=True)
 class AwaitStaleness:
-    """``lagging`` receivers applied less than ``bound`` (or nothing yet): wait for them."""
+    """``lagging``: ``(rollout rank, version it must apply, version it applied or None)``; wait for them."""
 
-    bound: int
-    lagging: tuple[int, ...]
+    lagging: tuple[tuple[int, int, int | None], ...]
+
+    @property
+    def bound(self) -> int:
+        return max(need for _, need, _ in self.lagging)
 
 
 def decide_staleness(
-    version: int, max_staleness: int, staged: Sequence[int], applied: Mapping[int, int]
+    max_staleness: int, records: Mapping[int, Incarnation | None], applied: Mapping[int, tuple[int, int]]
 ) -> Fresh | AwaitStaleness:
-    """Async ``push(version)``: receivers in ``staged`` (ranks that staged something) must have
-    applied ``>= version - max(max_staleness, 1)`` (``applied``: rank -> last applied version)."""
-    bound = version - max(max_staleness, 1)
-    lagging = tuple(r for r in staged if applied.get(r, bound - 1) < bound)
-    return AwaitStaleness(bound, lagging) if lagging else Fresh(bound)
+    """Async: each receiver (rank -> its :class:`Incarnation`) must have applied at least the
+    ``max(max_staleness, 1)``-th newest version its current process staged (``applied``: rank ->
+    ``(seq, version)`` of its latest applied ack; one of an earlier process does not count).
+    A receiver that staged fewer versions than that is not waited for."""
+    k = max(max_staleness, 1)
+    lagging = []
+    for rank in sorted(records):
+        rec = records[rank]
+        if rec is None or len(rec.staged) < k:
+            continue
+        need = rec.staged[-k][1]
+        got = applied.get(rank)
+        has = got[1] if got is not None and got[0] > rec.since_seq else None
+        if has is None or has < need:
+            lagging.append((rank, need, has))
+    return AwaitStaleness(tuple(lagging)) if lagging else Fresh()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,16 +207,20 @@ def decide_push(current: EpochView, *, last_seq: int, version: int, instances: t
 
 
 def accepts_announcement(
-    ann_seq: int, ann_version: int, *, last_seq: int, version: int, failures_in_epoch: int
+    ann: tuple[int, int, int], *, last: tuple[int, int] | None, version: int, failures_in_epoch: int
 ) -> bool:
-    """Trainer ranks > 0 in ``push(version)``: is this announcement the one to send for?
+    """Trainer ranks > 0 in ``push(version)``: is announcement ``(epoch, seq, version)`` the one to send for?
 
-    A newer push of the same version; for a fresh process (``last_seq`` 0) not one whose epoch
-    already has failures (that was the failed attempt a restarted rank replaces, not the retry).
+    One for my version that I have not handled (``last``: the ``(epoch, seq)`` I sent for last, None
+    for a fresh process); for a fresh process not one whose epoch already has failures (that was
+    the failed attempt a restarted rank replaces, not the retry). Compared for *change*, not
+    order, so that no value (a seq of 10**12, a restarted trainer 0 numbering from 1) can make a
+    rank ignore every later announcement.
     """
-    if ann_seq <= last_seq or ann_version != version:
+    epoch, seq, ann_version = ann
+    if ann_version != version or (epoch, seq) == last:
         return False
-    return not (last_seq == 0 and failures_in_epoch > 0)
+    return not (last is None and failures_in_epoch > 0)
 
 
 def ack_stage(mode: str, max_staleness: int) -> str:
@@ -170,9 +233,45 @@ def pending_acks(acks: Mapping[int, int], ranks: Sequence[int], seq: int) -> tup
     return tuple(r for r in ranks if acks.get(r, -1) < seq)
 
 
-def receives(ann_seq: int | None, handled_seq: int) -> bool:
-    """Rollout ranks: is the announcement (None: none yet) a push not handled yet?"""
-    return ann_seq is not None and ann_seq > handled_seq
+def receives(ann: tuple[int, int] | None, handled: tuple[int, int] | None) -> bool:
+    """Rollout ranks: is announcement ``(epoch, seq)`` (None: none yet) a push not handled yet?
+
+    Any change from the last handled ``(epoch, seq)`` is a new push (trainer 0 writes a new
+    announcement per push), so an out-of-range value is handled once (and fails typed), never
+    making the rank ignore the real announcements after it.
+    """
+    return ann is not None and ann != handled
+
+
+# ---------------------------------------------------------------------------------------------
+# the cause of a transport error (every rank of an epoch)
+# ---------------------------------------------------------------------------------------------
+
+# Errors that are symptoms of another rank's failure (it closed its sockets, stopped answering).
+SYMPTOMS = frozenset({"PeerDisconnected", "PeerTimeout", "PeerFailed", "DeadlineExceeded"})
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The failure ``peer`` published (``error``: ``"Type: message"``); ``root``: not itself a symptom."""
+
+    peer: RankId
+    error: str
+    root: bool
+
+
+def root_cause(failures: Sequence[tuple[RankId, str, str]], me: RankId) -> Cause | None:
+    """Among failures published in the epoch (``(rank, error type, message)``, in order), the one
+    that explains a transport error on ``me``: the first that is not a symptom, else the first of
+    another rank, else None."""
+    others = [f for f in failures if f[0] != me]
+    for who, error, message in others:
+        if error not in SYMPTOMS:
+            return Cause(who, f"{error}: {message}", True)
+    if others:
+        who, error, message = others[0]
+        return Cause(who, f"{error}: {message}", False)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

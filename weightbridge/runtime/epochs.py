@@ -10,26 +10,31 @@ unusable after a failure, so the next push starts a new one.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from weightbridge.errors import BridgeError, ProtocolError
+from weightbridge.errors import BridgeError, PeerFailed, ProtocolError
 from weightbridge.layout.ir import RankLayout
 from weightbridge.plan.types import TransferPlan
 from weightbridge.runtime.connect import device_of
 from weightbridge.runtime.options import BridgeOptions
 from weightbridge.spec.resolve import ResolvedSpec
+from weightbridge.sync.auth import signer_for
 from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
 from weightbridge.sync.dataplane import DataPlane, TransportDataPlane
-from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, expected_dtypes
+from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
 from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
 
 log = logging.getLogger(__name__)
+
+REJOIN_CHECK_S = 0.25  # how often a rank checks that its join record is still on the store
+CAUSE_WAIT_S = 1.0  # after a transport error: how long to look for the failure a peer published
 
 
 class Endpoint:
@@ -64,13 +69,18 @@ class Endpoint:
         self.max_staleness = sync.max_staleness
         self.num_trainers = resolved.trainer.world_size
         self.store = store
+        # AuthError (how to provide the secret) before anything is written to the store
+        self.signer = signer_for(resolved, options.secret)
+        spec_ranks = [RankId(TRAINER, r) for r in range(resolved.trainer.world_size)]
+        spec_ranks += [RankId(ROLLOUT, r) for r in range(resolved.rollout.world_size)]
         self.cp = ControlPlane(store, me=self.me, keys=Keys(options.prefix), timeout_s=self.timeout_s,
-                               heartbeat_s=sync.heartbeat_s)
+                               heartbeat_s=sync.heartbeat_s, auth=self.signer, ranks=spec_ranks)
         self.board = Board(self.cp)
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup)
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
-            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums
+            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
+            signer=self.signer,
         )
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
         self.wire = f"checksums={sync.checksums}"
@@ -93,6 +103,45 @@ class Endpoint:
     def _join(self, instance: int) -> None:
         self.cp.start_heartbeat()
         self.board.join(instance, self.nonce)
+        self._next_join_check = time.monotonic() + REJOIN_CHECK_S
+
+    def rejoin_if_missing(self, board: Board) -> None:
+        """Re-publish this rank's join record if it vanished or is unreadable (every rank, from its
+        own loops; at most every ``REJOIN_CHECK_S``): trainer 0 counts only joined ranks, so a deleted
+        join key would otherwise exclude a live rank from every later push. A valid record with
+        another nonce is left alone (a newer process of this rank)."""
+        now = time.monotonic()
+        if self.closed or now < getattr(self, "_next_join_check", 0.0):
+            return
+        self._next_join_check = now + REJOIN_CHECK_S
+        try:
+            if board.join_of(self.me) is not None:
+                return
+        except ProtocolError:  # garbage under the key: replace it with the real record
+            pass
+        board.join(self.layout.instance if self.side == ROLLOUT else 0, self.nonce)
+
+    def explain(self, board: Board, exc: BaseException, epoch: int) -> BaseException:
+        """After transport error ``exc`` in ``epoch``: :class:`PeerFailed` carrying the root cause a
+        peer published there (e.g. the receiver's ``ChecksumError`` behind this rank's
+        ``PeerDisconnected``), looked for up to ``CAUSE_WAIT_S``; else ``exc`` itself."""
+        from weightbridge.runtime.coordinator import root_cause
+        from weightbridge.transport.errors import ChecksumError, TransportError
+
+        if not isinstance(exc, TransportError) or isinstance(exc, ChecksumError):
+            return exc  # not a symptom (or this rank's own finding)
+        deadline = time.monotonic() + min(CAUSE_WAIT_S, self.timeout_s / 4)
+        while True:
+            try:
+                seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
+            except BridgeError:
+                return exc
+            cause = root_cause(seen, self.me)
+            if cause is not None and cause.root:
+                return PeerFailed(self.me, cause.peer, cause.error)
+            if time.monotonic() > deadline:
+                return exc
+            time.sleep(0.02)
 
     def epoch_plan(self) -> tuple[TransferPlan, Roster]:
         """The current epoch's plan and roster; :class:`ProtocolError` outside of an epoch."""
@@ -119,6 +168,9 @@ class Endpoint:
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,
         )
+        authenticate = getattr(self.data_plane, "authenticate", None)  # data senders prove the secret first
+        if authenticate is not None:
+            self.data_auth_s = authenticate(*data_check(plan, roster, self.me, self.hellos, self.signer))
         self.epoch, self.roster, self.plan, self.plan_rank, self.broken = (
             epoch, roster, plan, roster.plan_rank(self.me), False
         )

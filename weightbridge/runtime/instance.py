@@ -132,15 +132,19 @@ class InstanceAgreement:
         """In place, holding nothing: keep receiving while waiting, so that peers blocked in the same
         push (exchange rounds) can finish; an error is kept for the next round's poll()."""
         bridge = self.bridge
-        ann = bridge.board.announcement()
-        if co.receives(None if ann is None else ann.seq, bridge._handled_seq):
+        try:
+            ann = bridge._announcement(bridge.board)
+        except BridgeError as exc:  # a bad value: the next round's poll() raises it
+            bridge._keep(exc)
+            return
+        if ann is not None and co.receives((ann.epoch, ann.seq), bridge._handled):
             try:
-                bridge._receive(bridge.board, ann, keep_error=True)  # type: ignore[arg-type]
+                bridge._receive(bridge.board, ann, keep_error=True)
             except BaseException:  # noqa: BLE001 - kept by _receive for the next poll()
                 pass
 
     def _apply(self, version: int) -> int:
-        applied = self.bridge.apply()
+        applied = self.bridge._apply_staged()  # poll() this round raised any kept error already
         if applied != version:
             raise ProtocolError(self.me, f"the instance agreed on version {version}, the staged one was {applied}")
         return applied
@@ -172,7 +176,10 @@ class InstanceView:
             raise ValueError(f"instance {instance} outside [0, {resolved.rollout.num_instances}) of the spec")
         self.instance = instance
         self.ranks = instance_rollout_ranks(resolved.rollout, instance)
-        self.board = Board(ControlPlane(store, me=RankId("driver", instance), keys=Keys(prefix), timeout_s=timeout_s))
+        from weightbridge.sync.auth import signer_for  # the job secret: $WEIGHTBRIDGE_SECRET or sync.secret_file
+
+        self.board = Board(ControlPlane(store, me=RankId("driver", instance), keys=Keys(prefix), timeout_s=timeout_s,
+                                        auth=signer_for(resolved)))
 
     @classmethod
     def connect(cls, resolved: Any, instance: int, *, host: str, port: int, prefix: str = "wb",

@@ -9,7 +9,7 @@ hash compared at the handshake guarantees agreement. What is left per process is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["BridgeOptions", "reject_moved"]
@@ -23,12 +23,16 @@ class BridgeOptions:
     per phase, each use their own; every rank of one bridge passes the same). ``on_round``:
     called with the round index after each round this rank sends or receives (progress; the
     conformance suite's fault injection). ``data_plane``: a
-    :class:`~weightbridge.sync.dataplane.DataPlane` replacing the transport (tests).
+    :class:`~weightbridge.sync.dataplane.DataPlane` replacing the transport (tests). ``secret``:
+    the job secret (the same on every rank of the bridge), taking precedence over
+    ``$WEIGHTBRIDGE_SECRET`` and the spec's ``sync.secret_file`` (:mod:`weightbridge.sync.auth`);
+    never shown in the options' ``repr``.
     """
 
     prefix: str = "wb"
     on_round: Callable[[int], None] | None = None
     data_plane: Any = None  # weightbridge.sync.dataplane.DataPlane | None
+    secret: str | bytes | None = field(default=None, repr=False)
 
 
 # Keyword arguments ``from_spec`` took before they moved: where each went.

@@ -10,6 +10,14 @@ Threads: with ``staging=True`` a background thread receives every announced push
 staging copy; the engine's thread calls ``poll`` / ``apply`` / ``apply_instance``. A gate (held by
 the receive thread for a whole receive, and by :mod:`.instance` while the instance's ranks decide)
 keeps a staged version from being superseded while the instance agrees on it.
+
+Robust reading: the announcement is read through :meth:`RolloutBridge._announcement`; a bad value
+under its key (garbage, another message kind, oversized, unauthenticated) is a typed
+``BadMessage`` raised once, at the next ``poll()`` / ``apply()``, and the receive thread keeps
+serving later genuine announcements. Any *change* of the announcement is a new push, so no
+value (a seq of 10**12) can make the rank ignore the real ones after it. Every loop also puts
+back this rank's join record and its latest acks if they vanished or were overwritten with bad
+values (:meth:`RolloutBridge._repair`): trainer 0 reads them for membership and the staleness bound.
 """
 
 from __future__ import annotations
@@ -22,11 +30,11 @@ from typing import Any
 
 import torch
 
-from weightbridge.errors import BridgeError, NothingToApply, TornModelError
+from weightbridge.errors import BadMessage, BridgeError, ForgedMessage, NothingToApply, ProtocolError, TornModelError
 from weightbridge.layout.ir import RankLayout
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
-from weightbridge.runtime.epochs import Endpoint
+from weightbridge.runtime.epochs import REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import ReceiveStats
 from weightbridge.spec.resolve import ResolvedSpec
@@ -53,8 +61,16 @@ class RolloutBridge(Endpoint):
         self._error: BaseException | None = None
         self.last_receive: ReceiveStats | None = None
         self.last_apply_s = 0.0
-        ann = self.board.announcement()
-        self._handled_seq = ann.seq if ann is not None else 0  # pushes before joining are not ours
+        self._bad: str | None = None  # the bad announcement value last reported (reported once)
+        self._acked: dict[str, Announce] = {}  # stage -> the push this rank acked last (to repair its ack)
+        self._ack_lock = threading.Lock()
+        self._next_ack_check = 0.0
+        try:
+            ann = self.board.announcement()
+        except (ProtocolError, ForgedMessage):
+            ann = None
+        # pushes before joining are not ours: (epoch, seq) of the last announcement handled
+        self._handled: tuple[int, int] | None = None if ann is None else (ann.epoch, ann.seq)
         self._stop = threading.Event()
         # Held by the receive thread for a whole receive, and by the instance agreement while the
         # instance's ranks decide on the staged version (runtime/instance.py).
@@ -88,9 +104,12 @@ class RolloutBridge(Endpoint):
         memory; the engine serves the old version until ``apply()``), False receives in place
         inside ``poll()``. Settings the ranks must agree on come from the spec's ``sync`` section;
         ``options`` are per-process :class:`BridgeOptions` (see :meth:`TrainerBridge.from_spec`).
+        The control store is at ``host:port`` (hosted by trainer rank 0, or external with
+        ``sync.store: external``), or ``store``; rollout ranks never host it. A dropped connection is
+        re-opened within ``sync.timeout_s``; past it every call raises ``StoreUnreachable``.
         """
         reject_moved("RolloutBridge.from_spec", moved)
-        resolved, store = connect(spec, host, port, store, is_master=False)
+        resolved, store = connect(spec, host, port, store, is_master=False, who=f"rollout {rank}")
         return cls(
             resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions(),
             staging=resolved.sync.staged() if staging is None else bool(staging),
@@ -124,13 +143,15 @@ class RolloutBridge(Endpoint):
 
         Staging: never blocks (the receive runs on a background thread). In place: when a push
         is announced, receives it here, into the live weights (blocks for the transfer). Raises
-        the error of a failed receive once (the bridge stays usable for the next push).
+        the error of a failed receive once (the bridge stays usable for the next push), and a
+        bad announcement value once (``BadMessage``).
         """
         self._raise_pending()
+        self._repair(self.board)
         if not self.staging:
-            ann = self.board.announcement()
-            if co.receives(None if ann is None else ann.seq, self._handled_seq):
-                self._receive(self.board, ann, keep_error=False)  # type: ignore[arg-type]
+            ann = self._announcement(self.board)
+            if ann is not None and co.receives((ann.epoch, ann.seq), self._handled):
+                self._receive(self.board, ann, keep_error=False)
         return self.ready()
 
     def apply(self) -> int:
@@ -138,9 +159,16 @@ class RolloutBridge(Endpoint):
 
         Staging: copies the staged weights into the live tensors. In place: commits the
         received version. With nothing ready, returns the current version. Raises
-        :class:`TornModelError` when torn, :class:`NothingToApply` before any version.
+        :class:`TornModelError` when torn, :class:`NothingToApply` before any version, and first
+        an error the receive thread kept that no ``poll()`` raised yet (then nothing is applied;
+        a staged version stays for the next call).
         For an instance of several ranks use :meth:`apply_instance` instead.
         """
+        self._raise_pending()
+        return self._apply_staged()
+
+    def _apply_staged(self) -> int:
+        """``apply()`` without raising a kept error (the instance agreement, which polled already)."""
         with self._lock:
             staged = self._staged
             if staged is None:
@@ -160,7 +188,7 @@ class RolloutBridge(Endpoint):
                     raise
             self._version, self._torn, self._staged = staged.version, None, None
             self.last_apply_s = time.perf_counter() - t0
-        self.board.ack("applied", staged)
+        self._ack(self.board, "applied", staged)
         return staged.version
 
     def apply_instance(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
@@ -195,17 +223,67 @@ class RolloutBridge(Endpoint):
         if err is not None:
             raise err
 
+    def _keep(self, exc: BaseException) -> None:
+        """Keep ``exc`` for the next ``poll()`` / ``apply()`` (the first one kept wins)."""
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+
+    def _ack(self, board: Board, stage: str, ann: Announce) -> None:
+        with self._ack_lock:
+            board.ack(stage, ann)
+            self._acked[stage] = ann
+
+    def _repair(self, board: Board) -> None:
+        """Put back this rank's join record and latest acks if missing or unreadable (at most every
+        ``REJOIN_CHECK_S``): a deleted or garbage applied ack would otherwise hold trainer 0's
+        staleness wait until this rank applies again, which may never come."""
+        self.rejoin_if_missing(board)
+        now = time.monotonic()
+        if self.closed or now < self._next_ack_check:
+            return
+        self._next_ack_check = now + REJOIN_CHECK_S
+        with self._ack_lock:
+            for stage, ann in self._acked.items():
+                try:
+                    present = board.ack_of(stage, self.rank) is not None
+                except (ProtocolError, ForgedMessage):
+                    present = False
+                if not present:
+                    board.ack(stage, ann)
+
+    def _announcement(self, board: Board) -> Announce | None:
+        """The announcement now. A bad value raises ``BadMessage`` naming this rank once, then
+        reads as none until it changes (the next genuine announcement replaces it)."""
+        try:
+            ann = board.announcement()
+        except (ProtocolError, ForgedMessage) as exc:
+            text = str(exc)
+            with self._lock:
+                repeated, self._bad = self._bad == text, text
+            if repeated:
+                return None
+            raise BadMessage(self.me, f"ignored an unusable announcement on the control store ({text}); "
+                             "waiting for the next push") from exc
+        self._bad = None
+        return ann
+
     def _receive_loop(self) -> None:
-        """Staging mode: wait for announcements and receive each into the staging copy."""
+        """Staging mode: wait for announcements and receive each into the staging copy.
+
+        Never ends on an error before ``close()``: each is kept for ``poll()`` (a bad value once,
+        a store that stays unreachable each time it is seen) and the loop goes on, so a later
+        genuine announcement is still received."""
         board = self.board.clone()
         while not self._stop.is_set():
             try:
-                ann = board.announcement()
+                self._repair(board)
+                ann = self._announcement(board)
             except BridgeError as exc:
-                with self._lock:
-                    self._error = exc
-                return
-            if ann is None or not co.receives(ann.seq, self._handled_seq):
+                self._keep(exc)
+                self._stop.wait(0.005 if isinstance(exc, BadMessage) else 0.1)
+                continue
+            if ann is None or not co.receives((ann.epoch, ann.seq), self._handled):
                 self._stop.wait(0.005)
                 continue
             if not self._gate.acquire(timeout=0.05):
@@ -219,7 +297,7 @@ class RolloutBridge(Endpoint):
 
     def _receive(self, board: Board, ann: Announce, *, keep_error: bool) -> None:
         """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""
-        self._handled_seq = ann.seq
+        self._handled = (ann.epoch, ann.seq)
         try:
             if ann.epoch != self.epoch or self.broken:
                 if not self.enter_epoch(board, ann.epoch):
@@ -241,12 +319,14 @@ class RolloutBridge(Endpoint):
                     self._torn = None
             self.last_receive = ReceiveStats(ann.version, ann.seq, ann.epoch, run.bytes_received, run.seconds,
                                              self._staging is not None)
-            board.ack("staged", ann)
+            self._ack(board, "staged", ann)
         except BaseException as exc:
-            self.fail(board, exc)
+            cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
+            self.fail(board, cause)
             if keep_error:
-                with self._lock:
-                    self._error = exc
+                self._keep(cause)
+            if cause is not exc:
+                raise cause from exc
             raise
 
 

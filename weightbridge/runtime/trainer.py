@@ -5,6 +5,14 @@ trainer ranks). Rank 0 first takes the push's decisions through :mod:`.coordinat
 member, the staleness wait, whether a new epoch starts) from snapshots of the control store, and
 announces; ranks > 0 wait for that announcement. Then every rank enters the epoch if it is new,
 sends its share of the plan, and waits for the receivers' acks.
+
+Failures (see ``docs/failures.md``): every rank publishes its own error in the epoch and raises
+it; trainer 0 also publishes a failure that stopped it *before* announcing (even a peer's
+``PeerFailed``), so ranks > 0 waiting for the announcement raise at once instead of at their
+deadline; after a transport error a rank raises the root cause a peer published (a receiver's
+``ChecksumError``) when there is one. In async mode trainer 0 counts staleness over the versions
+each receiver's current process actually staged, so a failed push or a restarted rollout never
+leaves a version to wait for that cannot come.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from typing import Any
 
 import torch
 
-from weightbridge.errors import BridgeError
+from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
 from weightbridge.runtime.epochs import Endpoint
@@ -25,7 +33,7 @@ from weightbridge.runtime.results import PushStats
 from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.board import rollout_ids
 from weightbridge.sync.membership import actual_dtypes, check_tensors
-from weightbridge.sync.messages import Announce, decode
+from weightbridge.sync.messages import Announce
 from weightbridge.sync.roster import TRAINER, RankId, Roster, instance_rollout_ranks
 
 
@@ -40,10 +48,16 @@ class TrainerBridge(Endpoint):
             raise ValueError(f"sync.min_instances must be in [1, {n}], got {self.min_instances}")
         self._since = 0
         self.last_version: int | None = None
+        self._last_ann: tuple[int, int] | None = None  # ranks > 0: (epoch, seq) of the last announcement sent for
+        self._receivers: dict[int, co.Incarnation | None] = {}  # trainer 0, async: what each receiver process staged
+        self._pushed_to: tuple[int, ...] = ()  # trainer 0: the rollout ranks of the latest push
         self._instance_ranks = tuple(instance_rollout_ranks(resolved.rollout, i) for i in range(n))
         # Trainer 0 numbers pushes from the last announcement (it may be a restarted process);
         # other ranks match announcements by version, so one made before they connected counts.
-        ann = self.board.announcement() if self.rank == 0 else None
+        try:
+            ann = self.board.announcement() if self.rank == 0 else None
+        except (ProtocolError, ForgedMessage):  # a bad value: number from 0 (any change is a new push)
+            ann = None
         self.seq = ann.seq if ann is not None else 0
         self._join(instance=0)
 
@@ -62,7 +76,13 @@ class TrainerBridge(Endpoint):
     ) -> TrainerBridge:
         """Connect trainer rank ``rank`` holding ``tensors`` (local name -> tensor, as in the spec).
 
-        Rank 0 hosts the control store at ``host:port`` unless ``store`` is given. Everything the
+        The control store: rank 0 hosts it at ``host:port`` (every other rank connects there) unless
+        ``store`` is given or the spec says ``sync.store: external``; then every rank, rank 0
+        included, connects to a store that outlives the bridges (``weightbridge store --host H --port
+        P``, or a launcher's ``weightbridge.open_store``), so trainer 0 may die and be restarted like
+        any rank. Every rank reconnects a dropped store connection within ``sync.timeout_s``; a
+        store that stays unreachable (here, or at any later call) raises ``StoreUnreachable``
+        naming the rank and ``host:port``. Everything the
         ranks must agree on comes from the spec's ``sync`` section (its hash is compared at the
         handshake): ``timeout_s``, ``round_bytes``, ``checksums`` (a checksum per bucket; a
         corrupted update raises ``ChecksumError``), ``receiver_dedup``, ``heartbeat_s``, and
@@ -74,7 +94,7 @@ class TrainerBridge(Endpoint):
         raise ``TypeError`` saying where they went.
         """
         reject_moved("TrainerBridge.from_spec", moved)
-        resolved, store = connect(spec, host, port, store, is_master=rank == 0)
+        resolved, store = connect(spec, host, port, store, is_master=rank == 0, who=f"trainer {rank}")
         return cls(resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions())
 
     # -- push ---------------------------------------------------------------------------------
@@ -97,15 +117,20 @@ class TrainerBridge(Endpoint):
             raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
         t0 = time.perf_counter()
         wait_s = 0.0
-        # Failures already published in the current epoch concern an earlier push: the waits
-        # before the announcement ignore them (trainer 0 starts a new epoch because of them).
-        self._since = self.board.failure_count(self.epoch)
+        announced: Announce | None = None
         try:
+            self.rejoin_if_missing(self.board)
+            # Failures already published in the epoch this rank is in (or failed to enter) concern
+            # an earlier push: the waits before the announcement ignore them (trainer 0 starts a
+            # new epoch because of them). Later ones there, trainer 0's included, end those waits.
+            self._since = self.board.failure_count(self.failure_epoch)
             if self.rank == 0:
                 ann, waited = self._announce(version)
                 wait_s += waited
             else:
                 ann = self._await_announce(version)
+                self._last_ann = (ann.epoch, ann.seq)
+            announced = ann
             self.seq = ann.seq  # announced: the next push is seq + 1 even if this one fails
             new_epoch = ann.epoch != self.epoch or self.broken
             if new_epoch:
@@ -119,8 +144,17 @@ class TrainerBridge(Endpoint):
             self._await_acks(ann, roster)
             wait_s += time.perf_counter() - t_ack
         except BaseException as exc:
-            self.fail(self.board, exc)
+            cause = exc if announced is None else self.explain(self.board, exc, announced.epoch)
+            if self.rank == 0 and announced is None and isinstance(exc, PeerFailed):
+                self._relay(exc)
+            self.fail(self.board, cause)
+            if self.rank == 0 and announced is not None:
+                self._after_push(announced)
+            if cause is not exc:
+                raise cause from exc
             raise
+        if self.rank == 0:
+            self._after_push(ann)
         self.last_version = version
         return PushStats(
             version=version, seq=ann.seq, epoch=ann.epoch, mode=self.mode, bytes_sent=run.bytes_sent,
@@ -137,8 +171,9 @@ class TrainerBridge(Endpoint):
         waited = 0.0
         if self.mode == "async":
             t = time.perf_counter()
-            self._await_staleness(version, roster.rollout_ranks, deadline)
+            self._await_staleness(roster.rollout_ranks, deadline)
             waited = time.perf_counter() - t
+        self._pushed_to = roster.rollout_ranks
         decision = co.decide_push(self._epoch_view(), last_seq=self.seq, version=version, instances=instances)
         epoch = self.board.open_epoch(roster, decision.reason).epoch if decision.new_epoch else self.epoch
         return self.board.announce(decision.seq, decision.version, epoch), waited
@@ -169,31 +204,87 @@ class TrainerBridge(Endpoint):
             return bool(got)
 
         self.cp.wait_for([], deadline, f"at least {self.min_instances} complete rollout instance(s) to join",
-                         ready=enough, epoch=self.epoch or None, since=self._since)
+                         ready=enough, epoch=self.failure_epoch or None, since=self._since)
         return got[0].instances
 
-    def _await_staleness(self, version: int, rollout_ranks: tuple[int, ...], deadline: float) -> None:
-        """Async: wait until every receiver that has staged something applied >= version - max(k, 1)."""
-        staged = [r for r in rollout_ranks if self.board.ack_of("staged", r) is not None]
-        if not staged:
+    def _await_staleness(self, rollout_ranks: tuple[int, ...], deadline: float) -> None:
+        """Async: wait until each receiver applied the ``max(k, 1)``-th newest version its current
+        process staged (:func:`~.coordinator.decide_staleness`; none staged: nothing to wait for)."""
+        for r in rollout_ranks:
+            self._receivers[r] = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), self.seq)
+        records = {r: self._receivers.get(r) for r in rollout_ranks}
+
+        def decide() -> co.Fresh | co.AwaitStaleness:
+            applied = {}
+            for r, rec in records.items():
+                ack = self._ack("applied", r)
+                # an applied ack counts if this process wrote it (its nonce, when the ack carries one)
+                # for a push this trainer announced (a seq past its own cannot be genuine)
+                if ack is not None and rec is not None and getattr(ack, "nonce", "") in ("", rec.nonce) \
+                        and ack.seq <= self.seq:
+                    applied[r] = (ack.seq, ack.version)
+            return co.decide_staleness(self.max_staleness, records, applied)
+
+        first = decide()
+        if isinstance(first, co.Fresh):
             return
-        first = co.decide_staleness(version, self.max_staleness, staged, {})
-
-        def fresh(_: list[bytes]) -> bool:
-            applied = {r: a.version for r, a in self.board.acks("applied", staged).items()}
-            return isinstance(co.decide_staleness(version, self.max_staleness, staged, applied), co.Fresh)
-
+        lag = "; ".join(f"rollout {r} must apply {need}, applied {'none' if has is None else has}"
+                        for r, need, has in first.lagging)
         self.cp.wait_for(
-            [], deadline, f"every receiver to apply version >= {first.bound} (max_staleness {self.max_staleness})",
-            ready=fresh, epoch=self.epoch or None, since=self._since, watch=rollout_ids(staged),
+            [], deadline,
+            f"every receiver to apply version >= {first.bound} (max_staleness {self.max_staleness}) of the "
+            f"versions delivered to it ({lag})",
+            ready=lambda _: isinstance(decide(), co.Fresh), epoch=self.failure_epoch or None, since=self._since,
+            watch=rollout_ids([r for r, _, _ in first.lagging]),
         )
+
+    def _after_push(self, ann: Announce) -> None:
+        """Trainer 0, async, when push ``ann`` ended (returned or failed): note which receivers staged it."""
+        if self.mode != "async":
+            return
+        try:
+            for r in getattr(self, "_pushed_to", ()):
+                rec = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), ann.seq)
+                if rec is None:
+                    continue
+                ack = self._ack("staged", r)
+                mine = ack is not None and getattr(ack, "nonce", "") in ("", rec.nonce)
+                self._receivers[r] = co.after_push(rec, seq=ann.seq, version=ann.version,
+                                                   staged_seq=ack.seq if mine else None,  # type: ignore[union-attr]
+                                                   keep=max(self.max_staleness, 1) + 1)
+        except BridgeError:  # the store is unreachable: the next push finds out
+            pass
+
+    def _relay(self, exc: BaseException) -> None:
+        """Trainer 0 failed before announcing: publish the cause even when it is a peer's
+        (``publish_failure`` skips ``PeerFailed``, which the other trainer ranks did not see: they
+        wait for the announcement and would only give up at their deadline)."""
+        relay = type(type(exc).__name__, (Exception,), {})(str(exc))  # same type name and message
+        self.cp.publish_failure(self.failure_epoch, relay)
+
+    def _nonce_of(self, rollout_rank: int) -> str | None:
+        try:
+            join = self.board.join_of(RankId("rollout", rollout_rank))
+        except (ProtocolError, ForgedMessage):
+            return None
+        return None if join is None else join.nonce
+
+    def _ack(self, stage: str, rollout_rank: int):  # -> Ack | None
+        """A rollout rank's latest ``stage`` ack; a bad value reads as none (its next ack replaces it)."""
+        try:
+            return self.board.ack_of(stage, rollout_rank)
+        except (ProtocolError, ForgedMessage):
+            return None
 
     def _epoch_view(self) -> co.EpochView:
         if self.roster is None:
             return co.EpochView(epoch=self.epoch)
-        joins = {}
+        joins: dict[RankId, str | None] = {}
         for who in self.hellos:
-            join = self.board.join_of(who)
+            try:
+                join = self.board.join_of(who)
+            except (ProtocolError, ForgedMessage):
+                join = None  # unreadable: as if it left (a new epoch; the rank rewrites it)
             joins[who] = None if join is None else join.nonce
         return co.EpochView(
             epoch=self.epoch, instances=self.roster.instances, broken=self.broken,
@@ -207,19 +298,25 @@ class TrainerBridge(Endpoint):
         first wait for the staleness bound)."""
         seen: list[Announce] = []
 
-        def is_mine(values: list[bytes]) -> bool:
-            ann = decode(values[0], Announce)
-            failures = self.board.failure_count(ann.epoch) if self.seq == 0 else 0
-            if co.accepts_announcement(ann.seq, ann.version, last_seq=self.seq, version=version,
+        def is_mine(_: list[bytes]) -> bool:
+            try:
+                ann = self.board.announcement()
+            except (ProtocolError, ForgedMessage):  # a bad value: trainer 0's next announcement replaces it
+                return False
+            if ann is None:
+                return False
+            failures = self.board.failure_count(ann.epoch) if self._last_ann is None else 0
+            if co.accepts_announcement((ann.epoch, ann.seq, ann.version), last=self._last_ann, version=version,
                                        failures_in_epoch=failures):
                 seen[:] = [ann]
             return bool(seen)
 
+        # no keys to wait for: the wait would open (and raise on) a bad value; is_mine reads it instead
         self.cp.wait_for(
-            [self.board.announcement_key()], self.cp.deadline(2 * self.timeout_s),
-            f"trainer 0 to announce version {version}",
-            # epoch 0 too: trainer 0 publishes there when it fails before any epoch (no receivers)
-            ready=is_mine, epoch=self.epoch, since=self._since, watch=[RankId(TRAINER, 0)],
+            [], self.cp.deadline(2 * self.timeout_s), f"trainer 0 to announce version {version}",
+            # the epoch trainer 0 publishes its failures in: the one this rank is in or failed to
+            # enter (both took the same announcement), epoch 0 before any (no receivers then)
+            ready=is_mine, epoch=self.failure_epoch, since=self._since, watch=[RankId(TRAINER, 0)],
         )
         return seen[0]
 
@@ -228,16 +325,22 @@ class TrainerBridge(Endpoint):
         stage = co.ack_stage(self.mode, self.max_staleness)
 
         def done(_: list[bytes]) -> bool:
-            acks = {r: a.seq for r, a in self.board.acks(stage, ranks).items()}
+            # only this epoch's acks by the incarnations that handshook count (a replayed old ack does not)
+            acks: dict[int, int] = {}
+            for r in ranks:
+                try:
+                    acks.update({r: a.seq for r, a in self.board.acks(stage, [r], epoch=ann.epoch,
+                                                                      hellos=self.hellos).items()})
+                except (ProtocolError, ForgedMessage):
+                    pass  # a bad value reads as no ack yet: the rank's real ack replaces it
             return not co.pending_acks(acks, ranks, ann.seq)
 
         self.cp.wait_for(
-            self.board.ack_keys(stage, ranks), self.cp.deadline(),
-            f"every rollout rank to ack {stage} version {ann.version}",
+            [], self.cp.deadline(), f"every rollout rank to ack {stage} version {ann.version}",
             ready=done, epoch=ann.epoch, watch=roster.members,
         )
 
     def close(self) -> None:
-        """Leave the bridge. Trainer rank 0 hosts the store: close it last."""
+        """Leave the bridge. With ``sync.store: trainer0`` trainer rank 0 hosts the store: close it last."""
         self._close_common()
 

@@ -239,6 +239,11 @@ def _report_schema_error(err: jsonschema.ValidationError, path: str, col: Collec
             return
         col.add(path, f"{show(err.instance)} does not match any allowed form")
         return
+    if v in ("maximum", "exclusiveMaximum") and isinstance(err.instance, (int, float)):
+        limit = err.validator_value
+        col.add(path, f"{show(err.instance)} is above the maximum of {limit:g}",
+                f"use a finite number {'below' if v == 'exclusiveMaximum' else 'of at most'} {limit:g}")
+        return
     col.add(path, excerpt(err.message, 400))
 
 

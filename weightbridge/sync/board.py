@@ -7,13 +7,17 @@ per :class:`~weightbridge.sync.control.ControlPlane` (per rank and thread: :meth
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
 
+from weightbridge.errors import ForgedMessage, ProtocolError
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.messages import Ack, Announce, Hello, Join, Leave, Membership, Offer, decode
+from weightbridge.sync.messages import Ack, Announce, Hello, Join, Leave, Membership, Offer
 from weightbridge.sync.roster import ROLLOUT, RankId, Roster
+
+log = logging.getLogger(__name__)
 
 
 class Board:
@@ -23,13 +27,18 @@ class Board:
         self.cp = cp
         self.keys = cp.keys
         self.me = cp.me
+        self.nonce = ""  # this rank's join nonce (set by join(); acks carry it)
+        self._epoch = 0  # trainer 0: the newest epoch it opened (epoch numbers never go backwards)
 
     def clone(self) -> Board:
         """A board on a new store connection, for another thread."""
-        return Board(self.cp.clone())
+        board = Board(self.cp.clone())
+        board.nonce = self.nonce
+        return board
 
     # -- joining and leaving (every rank) ----------------------------------------------------
     def join(self, instance: int, nonce: str) -> None:
+        self.nonce = nonce
         self.cp.set(self.keys.join(self.me.key), Join(side=self.me.side, rank=self.me.rank, instance=instance,
                                                       nonce=nonce, pid=os.getpid(), host=socket.gethostname()))
 
@@ -38,7 +47,11 @@ class Board:
         self.cp.set(self.keys.leave(self.me.key), Leave(side=self.me.side, rank=self.me.rank, nonce=nonce))
 
     def join_of(self, who: RankId) -> Join | None:
-        return self.cp.get(self.keys.join(who.key), Join)
+        key = self.keys.join(who.key)
+        join = self.cp.get(key, Join)
+        if join is not None and (join.side, join.rank) != (who.side, who.rank):
+            raise ProtocolError(self.me, f"the join under {key!r} is {join.side} {join.rank}'s")
+        return join
 
     def joined(self, ranks: Sequence[RankId]) -> bool:
         return self.cp.exists(self.join_keys(ranks))
@@ -47,12 +60,31 @@ class Board:
         return [self.keys.join(r.key) for r in ranks]
 
     def heartbeat(self, who: RankId) -> int:
-        return self.cp.counter(self.keys.heartbeat(who.key))
+        """``who``'s heartbeat counter (0: none yet); a value without the secret counts as no beat."""
+        return self.cp.heartbeat(who)
 
     # -- epochs -----------------------------------------------------------------------------
     def open_epoch(self, roster: Roster, reason: str) -> Roster:
-        """Trainer 0: number a new epoch for ``roster``'s members and publish its membership."""
-        epoch = self.cp.increment(self.keys.epoch)
+        """Trainer 0: number a new epoch for ``roster``'s members and publish its membership.
+
+        The number is max(the store's, the last this board opened) + 1, skipping numbers whose
+        membership key exists: a replayed old epoch value (or a restarted trainer 0) never reuses
+        an epoch's keys. A value that is not authenticated is ignored (and overwritten).
+        """
+        try:
+            stored = self.cp.counter(self.keys.epoch)
+        except (ForgedMessage, ProtocolError) as exc:
+            log.warning("%s: ignoring the epoch value on the store: %s", self.me, exc)
+            stored = 0
+        epoch = max(stored, self._epoch) + 1
+        for _ in range(10_000):
+            if not self.cp.exists([self.keys.members(epoch)]):
+                break
+            epoch += 1
+        else:
+            raise ProtocolError(self.me, f"epochs up to {epoch} all have a membership key on the store")
+        self._epoch = epoch
+        self.cp.set_counter(self.keys.epoch, epoch)
         self.cp.set(self.keys.members(epoch), Membership(
             epoch=epoch, num_trainers=roster.num_trainers, instances=roster.instances,
             rollout_ranks=roster.rollout_ranks, reason=reason,
@@ -60,8 +92,12 @@ class Board:
         return Roster(roster.num_trainers, roster.instances, roster.rollout_ranks, epoch)
 
     def await_membership(self, epoch: int, deadline: float) -> Membership:
-        raw = self.cp.wait_for([self.keys.members(epoch)], deadline, f"the membership of epoch {epoch}", epoch=epoch)
-        return decode(raw[0], Membership)
+        key = self.keys.members(epoch)
+        raw = self.cp.wait_for([key], deadline, f"the membership of epoch {epoch}", epoch=epoch)
+        members = self.cp.parse(key, raw[0], Membership)
+        if members.epoch != epoch:
+            raise ProtocolError(self.me, f"the membership under {key!r} is epoch {members.epoch}'s")
+        return members
 
     def handshake(
         self, roster: Roster, *, spec_hash: str, plan_hash: str, dtypes: str, dtype_diffs: tuple[str, ...],
@@ -73,7 +109,8 @@ class Board:
         return self.cp.handshake(hello, roster.members, expected_dtypes, deadline)
 
     def failure_count(self, epoch: int) -> int:
-        return self.cp.counter(self.keys.failures(epoch))
+        """Failures of ``epoch`` seen so far by this board (the ``since`` of later waits on it)."""
+        return self.cp.failure_count(epoch)
 
     def group_prefix(self, epoch: int) -> str:
         return self.keys.group_prefix(epoch)
@@ -92,20 +129,37 @@ class Board:
         return self.keys.announce
 
     def ack(self, stage: str, ann: Announce) -> None:
-        """Rollout ranks: this rank has push ``ann`` ``staged`` or ``applied``."""
-        self.cp.set(self.keys.ack(stage, self.me.rank),
-                    Ack(rank=self.me.rank, version=ann.version, seq=ann.seq, epoch=ann.epoch, stage=stage))
+        """Rollout ranks: this rank has push ``ann`` ``staged`` or ``applied`` (bound to its join nonce)."""
+        self.cp.set(self.keys.ack(stage, self.me.rank), Ack(rank=self.me.rank, version=ann.version, seq=ann.seq,
+                                                             epoch=ann.epoch, stage=stage, nonce=self.nonce))
 
     def ack_of(self, stage: str, rollout_rank: int) -> Ack | None:
-        return self.cp.get(self.keys.ack(stage, rollout_rank), Ack)
+        key = self.keys.ack(stage, rollout_rank)
+        ack = self.cp.get(key, Ack)
+        if ack is not None and (ack.rank, ack.stage) != (rollout_rank, stage):
+            raise ProtocolError(self.me, f"the ack under {key!r} is rollout {ack.rank}'s {ack.stage} ack")
+        return ack
 
-    def acks(self, stage: str, rollout_ranks: Sequence[int]) -> dict[int, Ack]:
-        """The latest ``stage`` ack of each of ``rollout_ranks`` that has one."""
+    def acks(
+        self, stage: str, rollout_ranks: Sequence[int], *, epoch: int | None = None,
+        hellos: Mapping[RankId, Hello] | None = None,
+    ) -> dict[int, Ack]:
+        """The latest ``stage`` ack of each of ``rollout_ranks`` that has one.
+
+        ``epoch`` / ``hellos`` (the trainer waiting for a push's acks): only acks of that epoch, written
+        by the incarnation of the rank whose hello it handshook with (same nonce), count; a replayed
+        ack of an earlier epoch or process is ignored.
+        """
         out = {}
         for r in rollout_ranks:
             ack = self.ack_of(stage, r)
-            if ack is not None:
-                out[r] = ack
+            if ack is None or (epoch is not None and ack.epoch != epoch):
+                continue
+            if hellos is not None:
+                hello = hellos.get(RankId(ROLLOUT, r))
+                if hello is None or ack.nonce != hello.nonce:
+                    continue
+            out[r] = ack
         return out
 
     def ack_keys(self, stage: str, rollout_ranks: Sequence[int]) -> list[str]:

@@ -2,9 +2,10 @@
 
 One :class:`ControlPlane` per rank and thread (a store client is not shared between
 threads; :meth:`ControlPlane.clone` opens another connection). It needs only the
-store operations ``set``, ``get``, ``check``, ``add`` and ``delete_key``, which
+store operations ``set``, ``get``, ``check`` and ``delete_key``, which
 ``torch.distributed.TCPStore`` (between processes) and ``HashStore`` (threads, tests)
-both provide.
+both provide. It never calls ``store.add``: a stranger writing a non-integer under a key
+that is ``add``-ed makes the TCPStore server drop every client that adds to it.
 
 Contracts:
 
@@ -21,9 +22,21 @@ Contracts:
    rank's :class:`Hello` and waits for every member's; a disagreement on spec hash,
    plan hash or dtypes raises :class:`HandshakeMismatch` on every member, naming both
    ranks and values, before any bridge group exists.
-4. **Heartbeats.** A daemon thread increments ``P/hb/<rank>`` every ``heartbeat_s``; a
-   watched rank whose counter was seen moving and then stood still for
-   ``dead_after_s`` is reported dead (a killed process, or one stuck holding the GIL).
+4. **Heartbeats.** A daemon thread sets ``P/hb/<rank>`` to its own counter every
+   ``heartbeat_s`` (started from the wall clock in ms, so a restarted process never
+   repeats its predecessor's values); a watched rank whose counter was seen moving and
+   then stood still for ``dead_after_s`` is reported dead (a killed process, or one stuck
+   holding the GIL).
+5. **Authenticated values.** Every value is written sealed (``MAC || body``,
+   :class:`~weightbridge.sync.auth.Signer`, bound to its key) and every read opens it:
+   a value without the job secret's MAC raises :class:`ForgedMessage` naming the key and
+   is never decoded; a sealed value that is not the expected message raises
+   :class:`ProtocolError`. ``wait_for`` returns opened bodies.
+6. **Failures without counters.** A failing rank writes ``P/e{E}/fail/<rank>`` (its
+   latest failure in epoch ``E``, with a fresh id) and then ``P/e{E}/failed`` (who
+   failed last: the readers' cue to rescan). A reader numbers the failures it has seen
+   per epoch in the order it first saw them; ``since`` counts in that numbering, which
+   is the same control plane's :meth:`ControlPlane.failure_count`.
 """
 
 from __future__ import annotations
@@ -31,16 +44,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
+from weightbridge.errors import (
+    DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable,
+)
+from weightbridge.sync.auth import Signer
 from weightbridge.sync.messages import Failure, Hello, Keys, M, decode, encode
 from weightbridge.sync.roster import RankId
 
 log = logging.getLogger(__name__)
 
 STORE_HOST = RankId("trainer", 0)  # trainer rank 0 hosts the TCPStore
+RESCAN_S = 1.0  # with a failure flag present, every failure key is re-read at least this often
 
 
 class Store(Protocol):
@@ -49,7 +67,6 @@ class Store(Protocol):
     def set(self, key: str, value: bytes | str) -> None: ...
     def get(self, key: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
-    def add(self, key: str, value: int) -> int: ...
     def delete_key(self, key: str) -> bool: ...
 
 
@@ -69,7 +86,7 @@ class HeartbeatMonitor:
 
     A rank counts as silent only while it is *watched continuously*: an observation after a
     gap longer than half of ``dead_after_s`` restarts its clock (the counter may have stopped
-    at any time during the gap; a restarted process resumes the same counter).
+    at any time during the gap; a restarted process starts a new, larger counter).
     """
 
     def __init__(self, dead_after_s: float) -> None:
@@ -117,7 +134,18 @@ class ControlPlane:
         heartbeat_s: float = 1.0,
         dead_after_s: float | None = None,
         monitor: HeartbeatMonitor | None = None,
+        auth: Signer | None = None,
+        ranks: Sequence[RankId] = (),
     ) -> None:
+        """``auth``: the job secret's :class:`Signer` (None: ``$WEIGHTBRIDGE_SECRET``, else
+        :class:`~weightbridge.errors.AuthError`); ``ranks``: every rank of the spec (whose failure
+        keys a reader scans; ranks named by failure flags are scanned too)."""
+        if auth is None:
+            from weightbridge.sync.auth import signer_from_env
+
+            auth = signer_from_env()
+        self.auth = auth
+        self.ranks = tuple(ranks)
         self.store = store
         self.me = me
         self.keys = keys
@@ -128,6 +156,11 @@ class ControlPlane:
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
         self._last_hb_check = 0.0
+        # failures seen, per epoch: ids in the order first seen; the flag value and time of the last scan
+        self._seen: dict[int, list[str]] = {}
+        self._failed: dict[str, Failure] = {}  # id -> failure (of any epoch)
+        self._scan: dict[int, tuple[bytes, float]] = {}
+        self._extra: dict[int, set[RankId]] = {}  # ranks named by failure flags, per epoch
 
     def clone(self) -> ControlPlane:
         """A control plane on a new store connection, for another thread (shares nothing mutable)."""
@@ -138,32 +171,64 @@ class ControlPlane:
             timeout_s=self.timeout_s,
             heartbeat_s=self.heartbeat_s,
             dead_after_s=self.dead_after_s,
+            auth=self.auth,
+            ranks=self.ranks,
         )
 
     # -- store access: every store error means the store host is gone ------------------------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
+        except StoreUnreachable:
+            raise  # typed already (store_client.py): the store is gone past the deadline, or restarted empty
         except RuntimeError as exc:  # DistStoreError / DistNetworkError subclass RuntimeError
             raise PeerFailed(self.me, STORE_HOST, f"control store unreachable ({type(exc).__name__}: {exc})") from exc
 
     def set(self, key: str, msg: Any) -> None:
-        self._call(self.store.set, key, encode(msg))
+        self.set_raw(key, encode(msg))
+
+    def set_raw(self, key: str, body: bytes) -> None:
+        """Write ``body`` sealed under ``key``."""
+        self._call(self.store.set, key, self.auth.seal(key, body))
+
+    def open(self, key: str, value: bytes | str) -> bytes:
+        """The body of ``value`` read under ``key``; :class:`ForgedMessage` unless authenticated."""
+        return self.auth.open(key, value, self.me)
+
+    def get_raw(self, key: str) -> bytes | None:
+        """The authenticated body at ``key``, or None if the key does not exist (never blocks)."""
+        if not self._call(self.store.check, [key]):
+            return None
+        return self.open(key, self._call(self.store.get, key))
 
     def get(self, key: str, cls: type[M]) -> M | None:
         """The message at ``key``, or None if the key does not exist (never blocks)."""
-        if not self._call(self.store.check, [key]):
-            return None
-        return decode(self._call(self.store.get, key), cls)
+        body = self.get_raw(key)
+        return None if body is None else self.parse(key, body, cls)
+
+    def parse(self, key: str, body: bytes, cls: type[M]) -> M:
+        """``body`` (opened) as a ``cls``; :class:`ProtocolError` naming ``key`` if it is not one."""
+        try:
+            return decode(body, cls)
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            raise ProtocolError(self.me, f"the value under {key!r} is not a valid {cls.__name__} message "
+                                f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def exists(self, keys: Sequence[str]) -> bool:
         return bool(self._call(self.store.check, list(keys)))
 
     def counter(self, key: str) -> int:
-        return int(self._call(self.store.add, key, 0))
+        """An authenticated integer (a heartbeat, the epoch number) at ``key``; 0 when absent."""
+        body = self.get_raw(key)
+        if body is None:
+            return 0
+        try:
+            return int(body.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raise ProtocolError(self.me, f"the value under {key!r} is not an integer") from None
 
-    def increment(self, key: str, by: int = 1) -> int:
-        return int(self._call(self.store.add, key, by))
+    def set_counter(self, key: str, value: int) -> None:
+        self.set_raw(key, str(int(value)).encode())
 
     def delete(self, key: str) -> None:
         self._call(self.store.delete_key, key)
@@ -185,7 +250,7 @@ class ControlPlane:
         stop: threading.Event | None = None,
         progress: Callable[[], None] | None = None,
     ) -> list[bytes]:
-        """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their raw values.
+        """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their authenticated bodies.
 
         Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` (the
         ``since``-th and earlier are ignored: they concern an earlier push) or a rank in
@@ -200,7 +265,7 @@ class ControlPlane:
             if epoch is not None:
                 self.raise_failures(epoch, since)
             if not keys or self._call(self.store.check, list(keys)):
-                values = [self._call(self.store.get, k) for k in keys]
+                values = [self.open(k, self._call(self.store.get, k)) for k in keys]
                 if ready is None or ready(values):
                     return values
             if progress is not None:
@@ -218,10 +283,20 @@ class ControlPlane:
             time.sleep(sleep_s)
             sleep_s = min(sleep_s * 2, 0.02)
 
+    def heartbeat(self, who: RankId) -> int:
+        """``who``'s heartbeat counter (0: none yet). A value without the secret (or not an integer) counts as
+        no beat: the last authentic counter seen, so a forger can neither fake life nor fake a death; the
+        rank's own thread overwrites it within ``heartbeat_s``."""
+        try:
+            return self.counter(self.keys.heartbeat(who.key))
+        except (ForgedMessage, ProtocolError):
+            last = self.monitor._last.get(who)
+            return last[0] if last is not None else 0
+
     def check_heartbeats(self, watch: Iterable[RankId], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         for who in watch:
-            self.monitor.observe(who, self.counter(self.keys.heartbeat(who.key)), now)
+            self.monitor.observe(who, self.heartbeat(who), now)
             if self.monitor.dead(who, now):
                 silent = self.monitor.silent_for(who, now) or 0.0
                 self.monitor.mark_dead(who)
@@ -230,28 +305,55 @@ class ControlPlane:
     # -- failures -------------------------------------------------------------------------
     def publish_failure(self, epoch: int, exc: BaseException) -> None:
         """Tell every member of ``epoch`` that this rank failed with ``exc`` (best effort)."""
-        if isinstance(exc, (PeerFailed, HandshakeMismatch)):
-            return  # originated elsewhere, or seen by everyone already
-        msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__, message=str(exc))
+        if isinstance(exc, (PeerFailed, HandshakeMismatch, StoreUnreachable)):
+            return  # originated elsewhere, seen by everyone already, or nowhere to publish it
+        fid = uuid.uuid4().hex
+        msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__,
+                      message=str(exc)[:4000], id=fid)
         try:
-            n = int(self.store.add(self.keys.failures(epoch), 1))
-            self.store.set(self.keys.failure(epoch, n), encode(msg))
-        except RuntimeError:
+            self.set(self.keys.failure(epoch, self.me.key), msg)
+            self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
+        except Exception:  # noqa: BLE001 - the store may be gone (PeerFailed, StoreUnreachable): best effort
             log.warning("%s: could not publish failure %s (store unreachable)", self.me, msg)
 
+    def _refresh_failures(self, epoch: int) -> list[str]:
+        """Read the failures of ``epoch`` (when its flag changed, or every ``RESCAN_S``); the ids seen, in order."""
+        seen = self._seen.setdefault(epoch, [])
+        flag_key = self.keys.failed(epoch)
+        if not self._call(self.store.check, [flag_key]):
+            return seen
+        raw = self._call(self.store.get, flag_key)
+        now = time.monotonic()
+        last = self._scan.get(epoch)
+        if last is not None and last[0] == raw and now - last[1] < RESCAN_S:
+            return seen
+        self._scan[epoch] = (raw, now)
+        body = self.open(flag_key, raw)
+        extra = self._extra.setdefault(epoch, set())
+        side, _, rank = body.decode("ascii", "replace").partition(" ")[0].partition("/")
+        if side in ("trainer", "rollout") and rank.isdigit() and len(rank) < 7:
+            extra.add(RankId(side, int(rank)))  # type: ignore[arg-type]
+        for who in (*self.ranks, *sorted(extra - set(self.ranks), key=str)):
+            key = self.keys.failure(epoch, who.key)
+            f = self.get(key, Failure)
+            if f is None:
+                continue
+            if (f.side, f.rank, f.epoch) != (who.side, who.rank, epoch):
+                raise ProtocolError(self.me, f"the failure under {key!r} is {f.side} {f.rank}'s of epoch {f.epoch}")
+            if f.id not in self._failed:
+                self._failed[f.id] = f
+                seen.append(f.id)
+        return seen
+
+    def failure_count(self, epoch: int) -> int:
+        """How many failures of ``epoch`` this control plane has seen (read now): the ``since`` of later waits."""
+        return len(self._refresh_failures(epoch))
+
     def failures(self, epoch: int, since: int = 0) -> list[Failure]:
-        """Failures published in ``epoch`` after the first ``since``."""
-        n = self.counter(self.keys.failures(epoch))
-        out = []
-        for i in range(since + 1, n + 1):
-            got = self.get(self.keys.failure(epoch, i), Failure)
-            if got is not None:
-                out.append(got)
-        return out
+        """Failures published in ``epoch`` after the first ``since`` this control plane saw."""
+        return [self._failed[i] for i in self._refresh_failures(epoch)[since:]]
 
     def raise_failures(self, epoch: int, since: int = 0) -> None:
-        if self.counter(self.keys.failures(epoch)) <= since:
-            return
         for f in self.failures(epoch, since):
             who = RankId(f.side, f.rank)
             if who != self.me:
@@ -270,7 +372,11 @@ class ControlPlane:
         self.set(self.keys.hello(epoch, self.me.key), hello)
         keys = [self.keys.hello(epoch, m.key) for m in members]
         raw = self.wait_for(keys, deadline, f"hello of every member of epoch {epoch}", epoch=epoch, watch=members)
-        hellos = {m: decode(v, Hello) for m, v in zip(members, raw)}
+        hellos = {m: self.parse(k, v, Hello) for m, k, v in zip(members, keys, raw)}
+        for m, h in hellos.items():
+            if (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
+                raise ProtocolError(self.me, f"the hello under {self.keys.hello(epoch, m.key)!r} is {h.side} "
+                                    f"{h.rank}'s of epoch {h.epoch}")
         check_hellos(self.me, hellos, expected_dtypes)
         return hellos
 
@@ -281,13 +387,17 @@ class ControlPlane:
         store = clone_store(self.store)
         key = self.keys.heartbeat(self.me.key)
         self._hb_stop.clear()
+        seal = self.auth.seal
+        start = time.time_ns() // 1_000_000  # a restarted process's counter starts above its predecessor's
 
         def beat() -> None:
+            n = start
             while not self._hb_stop.is_set():
+                n += 1
                 try:
-                    store.add(key, 1)
-                except RuntimeError:
-                    return  # store host gone; waiters find out themselves
+                    store.set(key, seal(key, str(n).encode()))
+                except Exception:  # noqa: BLE001 - store host gone; waiters find out themselves
+                    return
                 self._hb_stop.wait(self.heartbeat_s)
 
         self._hb_thread = threading.Thread(target=beat, name=f"weightbridge-heartbeat-{self.me.key}", daemon=True)

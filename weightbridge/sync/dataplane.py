@@ -13,11 +13,16 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
    member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
    in the plan's exchange rounds and local copies).
 3. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure).
+
+A data plane whose channel is not authenticated by itself (the real one: the bridge group's
+rendezvous is plain c10d keys) also has ``authenticate(peers, token)``, which the runtime calls on
+every member right after ``connect`` with the bridge ranks its plan exchanges data with
+(:mod:`weightbridge.transport.peerauth`); data planes without it (in-process test fakes) are trusted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -63,13 +68,16 @@ class TransportDataPlane:
         device: torch.device | str = "cpu",
         chunk_bytes: int | None = None,
         checksums: bool = False,
+        signer: Any = None,
     ) -> None:
+        """``signer``: the job secret's :class:`~weightbridge.sync.auth.Signer`; seals the group's rendezvous."""
         from weightbridge.transport.group import backend_for
 
         self.device = torch.device(device)
         self.backend = backend_for(transport, self.device)
         self.chunk_bytes = chunk_bytes
         self.checksums = checksums
+        self.signer = signer
         self.group: Any = None
         self._executor: tuple[tuple, Any] | None = None  # (key, Executor) of the last plan run
 
@@ -90,7 +98,15 @@ class TransportDataPlane:
             prefix=prefix,
             device=self.device if self.backend == "nccl" else None,
             roster=roster,
+            signer=self.signer,
         )
+
+    def authenticate(self, peers: Sequence[int], token: Callable[[int, int], bytes]) -> float:
+        """Every member, once per epoch after :meth:`connect`: the data-sender check with ``peers`` (bridge
+        ranks); raises ``UnauthenticatedPeer`` naming the spec ranks. Returns the seconds it took."""
+        from weightbridge.transport.peerauth import authenticate_peers
+
+        return authenticate_peers(self.group, peers, token)
 
     def run(
         self,

@@ -9,13 +9,14 @@ instance set.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from weightbridge.layout.ir import RankLayout, SideLayout
 from weightbridge.plan import build_plan
-from weightbridge.plan.types import TransferPlan
-from weightbridge.sync.roster import Roster
+from weightbridge.plan.types import ROLLOUT, TransferPlan
+from weightbridge.sync.auth import Signer, data_token
+from weightbridge.sync.roster import RankId, Roster
 
 
 class PlanCache:
@@ -39,6 +40,34 @@ class PlanCache:
                 receiver_dedup=self.receiver_dedup,  # type: ignore[arg-type]
             )
         return self._plans[key]
+
+
+def plan_peers(plan: TransferPlan, side: str, rank: int) -> list[tuple[str, int]]:
+    """The (side, plan rank) pairs that plan rank ``rank`` of ``side`` exchanges buckets with, sorted."""
+    peers: set[tuple[str, int]] = set()
+    for rnd in plan.rounds:
+        for b in rnd.buckets:
+            if b.src_side == side and b.sender == rank:
+                peers.add((ROLLOUT, b.receiver))
+            if side == ROLLOUT and b.receiver == rank:
+                peers.add((b.src_side, b.sender))
+    peers.discard((side, rank))
+    return sorted(peers)
+
+
+def data_check(
+    plan: TransferPlan, roster: Roster, me: RankId, hellos: Mapping[RankId, Any], signer: Signer,
+) -> tuple[list[int], Callable[[int, int], bytes]]:
+    """The data-sender check of ``me`` in ``roster``'s epoch: the bridge ranks its plan exchanges data
+    with, and ``token(src, dst)`` (bridge ranks) bound to the epoch, both spec ranks and their hello
+    nonces (:func:`weightbridge.sync.auth.data_token`; run by :mod:`weightbridge.transport.peerauth`)."""
+    peers = [roster.bridge_of_plan(s, r) for s, r in plan_peers(plan, me.side, roster.plan_rank(me))]
+
+    def token(src: int, dst: int) -> bytes:
+        a, b = roster.spec_of_bridge(src), roster.spec_of_bridge(dst)
+        return data_token(signer, roster.epoch, a.key, hellos[a].nonce, b.key, hellos[b].nonce)
+
+    return peers, token
 
 
 def _digest(pairs: Sequence[tuple[str, str]]) -> str:

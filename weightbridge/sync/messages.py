@@ -9,15 +9,23 @@ key                               value                  written by / when
 ``P/join/S/R``                    :class:`Join`          every rank when it connects (a restart writes
                                                          a new nonce); deleted by ``close()``
 ``P/leave/S/R``                   :class:`Leave`         ``close()``
-``P/hb/S/R``                      int counter            the rank's heartbeat thread, ``store.add``
-``P/epoch``                       int counter            trainer 0: the newest epoch (0 = none yet)
+``P/hb/S/R``                      int (ASCII)            the rank's heartbeat thread: its own counter
+                                                         (``set``; starts at the wall clock in ms)
+``P/epoch``                       int (ASCII)            trainer 0: the newest epoch (0 = none yet); it
+                                                         sets max(store, its memory) + 1, skipping
+                                                         numbers whose members key exists
 ``P/e{E}/members``                :class:`Membership`    trainer 0, before announcing in epoch ``E``
-``P/e{E}/hello/S/R``              :class:`Hello`         every member entering epoch ``E``
-``P/e{E}/failures``               int counter            any member that fails in epoch ``E``
-``P/e{E}/fail/{n}``               :class:`Failure`       the ``n``-th failure of epoch ``E`` (n >= 1)
-``P/e{E}/pg/...``                 (transport)            the epoch's bridge-group rendezvous
+``P/e{E}/hello/S/R``              :class:`Hello`         every member entering epoch ``E`` (its nonce
+                                                         also keys the epoch's data-sender check)
+``P/e{E}/fail/S/R``               :class:`Failure`       rank ``S/R``'s latest failure in epoch ``E``
+                                                         (a fresh ``id`` each; no counter)
+``P/e{E}/failed``                 ``"S/R id"``           whoever failed last in epoch ``E`` (after its
+                                                         ``fail`` key): readers rescan when it changes
+``P/e{E}/pg/...``                 (transport, unsigned)  the epoch's bridge-group rendezvous (c10d's
+                                                         own keys; the data-sender check covers it)
 ``P/ann``                         :class:`Announce`      trainer 0, once per push (latest only)
-``P/ack/staged/R``                :class:`Ack`           rollout rank ``R`` (latest), data complete
+``P/ack/staged/R``                :class:`Ack`           rollout rank ``R`` (latest), data complete;
+                                                         carries the rank's join nonce and the epoch
 ``P/ack/applied/R``               :class:`Ack`           rollout rank ``R`` (latest), live weights = it
 ``P/inst/I/S/n/R``                :class:`Offer`         rollout rank ``R`` of instance ``I``, round ``n`` of
                                                          the instance's apply agreement (session ``S``:
@@ -27,6 +35,12 @@ key                               value                  written by / when
 
 Heartbeats are counters, not timestamps: a waiter notes when it last saw a counter
 change, on its own monotonic clock, so clock skew between hosts does not matter.
+
+**Every value is authenticated** (:mod:`.auth`): stored as ``MAC || body``, the MAC over the
+full key and the body, so a reader accepts a value only under the key it was written for
+(the c10d keys under ``pg/`` excepted). Nothing is a ``store.add`` counter. What a replayed
+old genuine value can still do, key by key, is in ``docs/trust.md``: at most a typed error or
+a wait to the deadline.
 """
 
 from __future__ import annotations
@@ -114,6 +128,7 @@ class Ack(_Message):
     seq: int
     epoch: int
     stage: Literal["staged", "applied"]
+    nonce: str = ""  # the writer's join nonce: acks of an earlier incarnation of the rank do not count
 
 
 class Offer(_Message):
@@ -142,6 +157,7 @@ class Failure(_Message):
     epoch: int
     error: str  # exception type name
     message: str
+    id: str = ""  # fresh per published failure (readers tell a new failure from one already seen)
 
 
 AnyMessage = Annotated[
@@ -156,11 +172,25 @@ def encode(msg: _Message) -> bytes:
     return msg.model_dump_json().encode()
 
 
+# Control messages are a few hundred bytes; anything far larger is not one (and is not parsed).
+MAX_MESSAGE_BYTES = 1 << 20
+
+
 def decode(data: bytes | str, cls: type[M]) -> M:
-    """Parse ``data`` as ``cls``; raises ``pydantic.ValidationError`` on a foreign or corrupt value."""
-    msg = _ADAPTER.validate_json(data)
+    """Parse ``data`` as ``cls``; :class:`~weightbridge.errors.BadMessage` on a foreign, corrupt or
+    oversized value (never a bare ``ValidationError``: readers run in threads and must report it)."""
+    from weightbridge.errors import BadMessage
+
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise BadMessage("control store", f"a {len(data)}-byte value is not a {cls.__name__} message "
+                         f"(limit {MAX_MESSAGE_BYTES} bytes)")
+    try:
+        msg = _ADAPTER.validate_json(data)
+    except ValueError as exc:  # pydantic.ValidationError; its text quotes at most a little of the input
+        first = str(exc).splitlines()[1:2] or [type(exc).__name__]
+        raise BadMessage("control store", f"not a valid {cls.__name__} message ({first[0].strip()[:200]})") from None
     if not isinstance(msg, cls):
-        raise TypeError(f"expected a {cls.__name__} message, got {type(msg).__name__}")
+        raise BadMessage("control store", f"expected a {cls.__name__} message, got {type(msg).__name__}")
     return msg
 
 
@@ -189,11 +219,11 @@ class Keys:
     def hello(self, epoch: int, who: str) -> str:
         return f"{self.prefix}/e{epoch}/hello/{who}"
 
-    def failures(self, epoch: int) -> str:
-        return f"{self.prefix}/e{epoch}/failures"
+    def failure(self, epoch: int, who: str) -> str:
+        return f"{self.prefix}/e{epoch}/fail/{who}"
 
-    def failure(self, epoch: int, n: int) -> str:
-        return f"{self.prefix}/e{epoch}/fail/{n}"
+    def failed(self, epoch: int) -> str:
+        return f"{self.prefix}/e{epoch}/failed"
 
     def group_prefix(self, epoch: int) -> str:
         return f"{self.prefix}/e{epoch}/pg"

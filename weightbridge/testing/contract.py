@@ -172,9 +172,11 @@ class FaultHook:
             from weightbridge.transport.store import open_store
 
             self._store = open_store(host, port, is_master=False, timeout_s=timeout_s)
+        from weightbridge.sync.auth import open_lenient
         from weightbridge.sync.messages import Announce, Keys, decode
 
-        ann = decode(self._store.get(Keys(prefix).announce), Announce)
+        key = Keys(prefix).announce
+        ann = decode(open_lenient(key, self._store.get(key)), Announce)
         if ann.version == version:
             self._store.set(f"{TEST_KEYS}/killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)

@@ -45,7 +45,11 @@ class RankResult:
 _PRELOAD = ["torch", "torch.distributed", "weightbridge.tensors", "weightbridge.transport.executor", "weightbridge.spec.resolve", "weightbridge.plan"]
 
 
-def _child(fn: Callable, args: tuple, conn: Any, threads: int) -> None:
+def _child(fn: Callable, args: tuple, conn: Any, threads: int, secret: str = "") -> None:
+    if secret:  # the launcher's job secret (a forkserver started earlier does not have the launcher's env)
+        from weightbridge.sync.auth import ENV
+
+        os.environ[ENV] = secret
     if threads:
         import torch
 
@@ -85,14 +89,20 @@ def launch(
     reported with ``timed_out=True``. ``forkserver`` (default) starts processes from a server
     that has already imported torch and weightbridge (plus ``preload`` modules), so a start
     costs milliseconds.
+
+    Every process gets the launcher's job secret (``$WEIGHTBRIDGE_SECRET``, set here to a fresh
+    random one when unset, so bridges built in the children authenticate each other).
     """
+    from weightbridge.sync.auth import ensure_env_secret
+
+    secret = ensure_env_secret()
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload([*_PRELOAD, *preload])
     procs, conns = [], []
     for args in args_per_process:
         r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, tuple(args), w, threads), daemon=True)
+        p = ctx.Process(target=_child, args=(fn, tuple(args), w, threads, secret), daemon=True)
         p.start()
         w.close()
         procs.append(p)

@@ -27,7 +27,8 @@ def env_name(module: str) -> str:
 
 def find_real(module: str) -> str | None:
     """Why ``module`` cannot be the real package (None when it can): missing, or a namespace
-    package (a same-named directory on ``sys.path``, e.g. ``tests/vllm/``)."""
+    package (a same-named directory on ``sys.path``, e.g. ``tests/vllm/``) whose named submodule
+    (``megatron.core`` of the namespace distribution ``megatron``) is not a regular module either."""
     top = module.split(".")[0]
     try:
         spec = importlib.util.find_spec(top)
@@ -35,6 +36,15 @@ def find_real(module: str) -> str | None:
         return f"{top} cannot be found ({exc})"
     if spec is None:
         return f"{top} is not installed"
+    if spec.origin in (None, "namespace") and module != top:
+        # a namespace distribution (megatron-core installs megatron/core/ without megatron/__init__.py):
+        # the real package is the named submodule, which must be a regular module
+        try:
+            sub = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            sub = None
+        if sub is not None and sub.origin not in (None, "namespace"):
+            return None
     if spec.origin in (None, "namespace"):
         where = ", ".join(list(spec.submodule_search_locations or [])[:2])
         return f"{top} is not installed (only a same-named directory is on sys.path: {where})"

@@ -11,6 +11,10 @@ Processes:
   continuations of :data:`PROMPTS` for each version, for verification only;
 * vLLM's workers receive (weightbridge's engine backend).
 
+With ``trainer_kind="megatron"`` the 2 trainer ranks are Megatron-Core instead
+(:class:`~weightbridge.testing.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
+checkpoint; the full model is gathered through the introspected IR and saved by checkpoint name).
+
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
 ``tiny-qwen3-moe-vllm`` (fused experts; the trainer holds transformers' fused
 ``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules). Specs are data
@@ -47,6 +51,13 @@ MOE_TRAINER_RULES: list[dict[str, Any]] = [
      "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
 ]
 
+# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.testing.megatron): 2 ranks,
+# the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
+# tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
+MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
+MEGATRON_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2}, "qwen3-moe": {}}
+MEGATRON_PARAMS = {"local_spec": True, "moe_grouped_gemm": False}
+
 # A plausible mistake: q, v, k instead of q, k, v in the fused projection (same shapes).
 
 
@@ -66,10 +77,14 @@ WRONG_QKV_RULES: list[dict[str, Any]] = [
 
 
 def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
-              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None) -> dict[str, Any]:
-    """The selfcheck's spec: FSDP2 dp2 trainer (float32) -> vLLM TP ``tp`` (``instances`` engines)."""
+              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
+              trainer_kind: str = "fsdp2") -> dict[str, Any]:
+    """The selfcheck's spec: FSDP2 dp2 (or Megatron, :data:`MEGATRON_MESH`) trainer (float32) ->
+    vLLM TP ``tp`` (``instances`` engines)."""
     trainer: dict[str, Any] = {"preset": "fsdp2", "mesh": {"dp": 2}}
-    if kind == "qwen3-moe":
+    if trainer_kind == "megatron":
+        trainer = {"preset": "megatron", "mesh": dict(MEGATRON_MESH[kind]), "params": dict(MEGATRON_PARAMS)}
+    elif kind == "qwen3-moe":
         trainer["rules"] = copy.deepcopy(MOE_TRAINER_RULES)
     rollout: dict[str, Any] = {"preset": "vllm", "mesh": {"tp": tp}}
     if instances is not None:
@@ -87,10 +102,13 @@ def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
 
 
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
-              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None) -> str:
+              rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
+              trainer_kind: str = "fsdp2") -> str:
     """:func:`spec_data` as YAML."""
-    data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances)
-    head = f"# {kind}: FSDP2 dp2 trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).\n"
+    data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances,
+                     trainer_kind=trainer_kind)
+    side = "FSDP2 dp2" if trainer_kind == "fsdp2" else f"Megatron-Core {MEGATRON_MESH[kind]}"
+    head = f"# {kind}: {side} trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).\n"
     return head + yaml.safe_dump(data, sort_keys=False)
 
 
@@ -140,7 +158,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     ``job``: rank, host, port (control store, hosted by the driver), model_dir, workdir,
     phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
     from weightbridge.testing.fsdp2 import FSDP2World, shard_dp
@@ -152,10 +170,20 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     def build(mesh: Any) -> torch.nn.Module:
         return shard_dp(AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32), mesh)
 
-    trainer = FSDP2World(build, rank=rank, world_size=world, store=store, prefix="selfcheck/trainer-world/")
+    trainer: Any
+    if job.get("trainer_kind") == "megatron":  # same methods: tensors, full_tensors, step, close
+        from weightbridge.testing.megatron import MegatronWorld
+
+        mesh = MEGATRON_MESH[job["kind"]]
+        trainer = MegatronWorld(AutoConfig.from_pretrained(job["model_dir"]), rank=rank, world_size=world,
+                                tp=mesh.get("tp", 1), ep=mesh.get("ep", 1), store=store,
+                                prefix="selfcheck/trainer-world/")
+        trainer.load_checkpoint(job["model_dir"])  # start from the engine's v0
+    else:
+        trainer = FSDP2World(build, rank=rank, world_size=world, store=store, prefix="selfcheck/trainer-world/")
     plain = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32) if rank == 0 else None
     opt = torch.optim.AdamW(trainer.model.parameters(), lr=job.get("lr", 3e-3))
-    vocab = trainer.model.config.vocab_size
+    vocab = AutoConfig.from_pretrained(job["model_dir"]).vocab_size
     records: list[dict[str, Any]] = []
     version = 0
     try:
@@ -200,6 +228,11 @@ def _save_version(plain: torch.nn.Module, full: dict[str, torch.Tensor], workdir
     """Rank 0: the full model as an HF checkpoint (``save_pretrained``) and its greedy output."""
     out = version_dir(workdir, version)
     tmp = out.with_name(out.name + ".tmp")
+    names = plain.state_dict().keys()
+    if any(name not in names for name in full):  # checkpoint names (Megatron's gather)
+        _save_checkpoint_names(plain, full, tmp, greedy_too)
+        os.replace(tmp, out)
+        return
     missing, unexpected = plain.load_state_dict(full, strict=False)
     tied = {"lm_head.weight"} if plain.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -209,13 +242,31 @@ def _save_version(plain: torch.nn.Module, full: dict[str, torch.Tensor], workdir
     os.replace(tmp, out)
 
 
+def _save_checkpoint_names(plain: torch.nn.Module, full: dict[str, torch.Tensor], tmp: Path,
+                           greedy_too: bool) -> None:
+    """Full tensors by HF checkpoint name (per-expert, as on disk) -> ``tmp`` as a checkpoint; greedy
+    output of the model transformers loads from it (it fuses experts itself)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    plain.config.save_pretrained(tmp)
+    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32) if greedy_too else None
+    (tmp / "greedy.json").write_text(json.dumps(greedy(model) if model is not None else None))
+
+
 # ---------------------------------------------------------------------------------------------
 # the driver
 # ---------------------------------------------------------------------------------------------
 
 
 def make_llm(model_dir: str | Path, tp: int, **kw: Any) -> Any:
-    """A vLLM engine on the CPU settings that work here, with weightbridge's backend."""
+    """A vLLM engine on the CPU settings that work here, with weightbridge's backend (its workers inherit
+    the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset)."""
+    from weightbridge.sync.auth import ensure_env_secret
+
+    ensure_env_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if tp == 2:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -241,8 +292,11 @@ def generate(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) 
 
 
 def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("sync", "async"), steps: int = 3,
-        timeout_s: float = 120.0, check_wrong_spec: bool = True, log: Any = print) -> dict[str, Any]:
+        timeout_s: float = 120.0, check_wrong_spec: bool = True, log: Any = print,
+        trainer_kind: str = "fsdp2") -> dict[str, Any]:
     """The whole loop; returns a report (per applied version: mismatches, generations, timings).
+
+    ``trainer_kind``: ``"fsdp2"`` or ``"megatron"`` (Megatron-Core ranks at :data:`MEGATRON_MESH`).
 
     Call from the main module under ``if __name__ == "__main__":``. Every wait is bounded: the
     trainer ranks are killed at ``timeout_s * (steps + 2)`` and each update waits ``timeout_s``.
@@ -254,16 +308,21 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 
+    from weightbridge.sync.auth import ensure_env_secret
+
+    ensure_env_secret()  # before the trainer processes and the engine's workers start: all share it
     workdir = Path(workdir)
-    model_dir = write_model(workdir / "v0", kind)
+    overrides = MEGATRON_OVERRIDES[kind] if trainer_kind == "megatron" else {}
+    model_dir = write_model(workdir / "v0", kind, **overrides)
     (model_dir / "greedy.json").write_text("null")
     for mode in modes:  # for `weightbridge diff` against the probe cache afterwards
-        (workdir / f"spec_{mode}.yaml").write_text(spec_text(kind, model_dir, tp, mode, timeout_s))
+        (workdir / f"spec_{mode}.yaml").write_text(spec_text(kind, model_dir, tp, mode, timeout_s,
+                                                             trainer_kind=trainer_kind))
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
-    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": steps, "spec": spec_text(kind, model_dir, tp, m, timeout_s)}
-              for m in modes]
+    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": steps,
+               "spec": spec_text(kind, model_dir, tp, m, timeout_s, trainer_kind=trainer_kind)} for m in modes]
     job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(workdir),
-           "phases": phases, "timeout_s": timeout_s}
+           "phases": phases, "timeout_s": timeout_s, "kind": kind, "trainer_kind": trainer_kind}
     trainer_results: list[Any] = []
     trainers = threading.Thread(target=lambda: trainer_results.extend(
         launch(trainer_main, [({**job, "rank": r},) for r in range(2)], timeout_s=timeout_s * (steps + 2) * len(modes),
@@ -301,7 +360,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
         # Last: after a worker raises, vLLM's RPC may hand the other workers' late replies to the
         # next call, so an engine whose init failed should be restarted, not reused.
         if check_wrong_spec:  # the engine's loader is the truth: a spec that disagrees fails at init
-            wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULES)
+            wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULES,
+                              trainer_kind=trainer_kind)
             try:
                 VLLMWeightSync(llm, wrong, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-wrong"))
                 report["wrong_spec_error"] = None
@@ -312,6 +372,9 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
         trainers.join(timeout=timeout_s * (steps + 2) * len(modes))
         report["trainer"] = [{"ok": r.ok, "error": r.error, "timed_out": r.timed_out, "value": r.value}
                              for r in trainer_results]
+        for r in trainer_results:
+            if not r.ok:
+                log(f"[selfcheck] trainer rank {r.index} failed: {r.error!r}\n{(r.traceback or '')[-2000:]}")
         try:
             llm.collective_rpc("shutdown_weight_transfer_engine")
         except Exception as exc:  # noqa: BLE001 - see above: a late reply of the failed init

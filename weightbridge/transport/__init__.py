@@ -1,6 +1,8 @@
 """The data plane: the only package of weightbridge that imports ``torch.distributed``.
 
 * :mod:`.store` — ``open_store``: the TCPStore shared by the data and control planes;
+* :mod:`.store_client` — ``ReconnectingStore``: every rank's store client (reconnects within the
+  deadline, ``StoreUnreachable``), ``serve`` (the ``weightbridge store`` command);
 * :mod:`.group` — ``create_bridge_group``: a standalone process group (never the default one),
   ``wait_work`` (one backend ``Work`` within the group's deadline);
 * :mod:`.executor` — ``Executor``: run a ``TransferPlan`` on one rank (chunked P2P waves);

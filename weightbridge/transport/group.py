@@ -16,6 +16,7 @@ without one numbers ranks as its plan does (trainer plan rank ``t`` -> ``t``, ro
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ def create_bridge_group(
     prefix: str = "wb/data",
     device: torch.device | str | None = None,
     roster: Roster | None = None,
+    signer: Any = None,
 ) -> BridgeGroup:
     """Create the bridge group on ``store`` (all ``world_size`` ranks call this; it returns when all joined).
 
@@ -132,7 +134,10 @@ def create_bridge_group(
     store, e.g. after a membership change). ``device`` (NCCL only) is the CUDA device of this
     rank, default the current one; the NCCL communicator is initialised eagerly here with one
     tiny all-reduce so that later P2P batches may involve any subset of ranks. ``roster`` (the
-    epoch's, from the control plane) names the ranks in errors; None: plan numbering.
+    epoch's, from the control plane) names the ranks in errors; None: plan numbering. ``signer``
+    (a :class:`~weightbridge.sync.auth.Signer` with the job secret): the rendezvous values (each
+    rank's listening addresses, NCCL's unique id) are sealed with it (:class:`SealedStore`), so a
+    process without the secret cannot redirect a rank's connections to itself.
     Raises :class:`~weightbridge.transport.errors.PeerTimeout` when not every rank joins within
     ``timeout_s``.
     """
@@ -145,10 +150,15 @@ def create_bridge_group(
     if roster is not None and (roster.world_size != world_size or roster.num_trainers != num_trainers):
         raise ValueError(f"the roster has {roster.world_size} ranks ({roster.num_trainers} trainers), the group "
                          f"{world_size} ({num_trainers} trainers)")
+    while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): its current raw connection
+        store = store.underlying()
+    bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
     pstore = dist.PrefixStore(prefix.rstrip("/") + "/", store)
+    if signer is not None and signer.enabled:
+        pstore = SealedStore(pstore, signer, prefix.rstrip("/") + "/")
     try:
         if backend == "gloo":
-            pg = dist.ProcessGroupGloo(pstore, rank, world_size, datetime.timedelta(seconds=timeout_s))
+            pg = _gloo(pstore, rank, world_size, timeout_s, bind_host)
             return BridgeGroup(pg, rank, world_size, "gloo", num_trainers, float(timeout_s), torch.device("cpu"),
                                roster=roster)
         if backend == "nccl":
@@ -160,6 +170,73 @@ def create_bridge_group(
         raise classify(exc)(rank, None, None, f"creating the {backend} bridge group failed: {exc}",
                             rank_name=name) from exc
     raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        import ipaddress
+        import socket
+
+        return all(ipaddress.ip_address(i[4][0]).is_loopback for i in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
+
+
+def _gloo(pstore: Any, rank: int, world_size: int, timeout_s: float, bind_host: str | None) -> Any:
+    """The Gloo backend. Gloo listens on the address of this machine's hostname (or ``GLOO_SOCKET_IFNAME``),
+    never on every interface; when the control store is on loopback (a single-host run) it listens on
+    ``127.0.0.1`` only."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not _is_loopback(bind_host) or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return dist.ProcessGroupGloo(pstore, rank, world_size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(pstore, rank, world_size, opts)
+
+
+class SealedStore(dist.Store):
+    """A store whose values are sealed with the job secret (``MAC || value``, bound to the full key).
+
+    The backends' rendezvous (c10d keys under the epoch's ``pg/`` prefix) goes through it: a value
+    without the MAC raises :class:`~weightbridge.errors.ForgedMessage` (the group creation then fails
+    with a typed ``TransportError``) instead of connecting to whoever wrote it. ``add`` counters are
+    left as they are (the backends' own barriers).
+    """
+
+    def __init__(self, inner: Any, signer: Any, prefix: str) -> None:
+        super().__init__()
+        self.inner, self.signer, self.prefix = inner, signer, prefix
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(key, self.signer.seal(self.prefix + key, bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        return self.signer.open(self.prefix + key, self.inner.get(key), "bridge group rendezvous")
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def add(self, key: str, value: int) -> int:
+        return self.inner.add(key, value)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self.inner.compare_set(key, expected, desired)
+
+    def set_timeout(self, timeout: Any) -> None:
+        self.inner.set_timeout(timeout)
+
+    @property
+    def timeout(self) -> Any:
+        return self.inner.timeout
 
 
 def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device, roster) -> BridgeGroup:

@@ -7,6 +7,7 @@ trainer rank 0 should not (so ranks may stop in any order).
 from __future__ import annotations
 
 import datetime
+import socket
 
 import torch.distributed as dist
 
@@ -46,7 +47,12 @@ def open_store(
     The master never blocks waiting for workers (``wait_for_workers=False``); clients connect
     within ``timeout_s`` and every ``get``/``wait`` on the store is bounded by ``timeout_s``.
     ``world_size`` is informative only (None: unknown).
+
+    The hosting store listens on ``host``'s address only (:func:`listen_socket`): ``127.0.0.1`` /
+    ``localhost`` = loopback, reachable from this machine only; ``0.0.0.0`` (or ``::``) = every
+    interface, as ``TCPStore`` itself would do whatever it is given.
     """
+    fd = listen_socket(host, int(port)) if is_master else None
     return dist.TCPStore(
         host,
         int(port),
@@ -54,4 +60,30 @@ def open_store(
         is_master,
         datetime.timedelta(seconds=float(timeout_s)),
         wait_for_workers=False,
+        **({} if fd is None else {"master_listen_fd": fd}),
     )
+
+
+def listen_socket(host: str, port: int) -> int:
+    """A listening TCP socket bound to ``host``'s address (not every interface), as a file descriptor
+    that the hosting ``TCPStore`` takes over (``master_listen_fd``; Python no longer owns it).
+
+    ``torch.distributed.TCPStore`` binds every interface even when given ``127.0.0.1``; binding the
+    socket here makes it listen where the user says. ``host`` ``""``, ``0.0.0.0`` or ``::``: every
+    interface. A name resolves to its first address (``localhost``: loopback). ``port`` 0: a free port.
+    """
+    if host in ("", "0.0.0.0", "::", "*"):
+        family, addr = (socket.AF_INET6, ("::", port)) if host == "::" else (socket.AF_INET, ("0.0.0.0", port))
+    else:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        info.sort(key=lambda i: i[0] != socket.AF_INET)  # IPv4 first (what TCPStore's clients try first)
+        family, addr = info[0][0], info[0][4]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(4096)
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()

@@ -2,7 +2,19 @@
 
 Pure torch (no torch.distributed): :func:`chunk_bounds` cuts a wire buffer into P2P chunks
 identically on both ends; :func:`checksum` is the 8-byte trailer a bucket carries with
-``checksums=True`` (CRC-32 on CPU, :func:`weighted_sum` on other devices).
+``checksums=True`` (the default, ``sync.checksums``): CRC-32 on CPU wire buffers (Gloo), and
+:func:`poly_hash` on other devices (NCCL: computed where the bytes are, no copy to the host).
+Both ends of a bucket hold their wire buffers on the same kind of device (Gloo: CPU on both,
+NCCL: CUDA on both), so they compute the same function.
+
+``poly_hash`` is two polynomial hashes modulo the prime p = 2^31 - 1 over the buffer's 16-bit words,
+word i weighted by g^i (g = 16807 and 48271, primitive roots mod p), packed into 62 bits. Word
+weights are distinct and never a negated pair within a bucket (g^k = -1 needs k = 2^30 - 1 words,
+2 GiB), so every change of one word, every swap of two different words or bytes and every +d/-d
+compensating pair is detected for certain; any other corruption escapes with probability about
+2^-62 (n/p per hash for a change of two words with arbitrary amounts). The old position-weighted byte sum
+(weights ``i % 1000003 + 1``, no modulus) missed swaps 1000003 bytes apart and compensating changes
+such as +2 at byte 1 and -1 at byte 3 (tests/transport/test_checksums.py).
 """
 
 from __future__ import annotations
@@ -46,21 +58,69 @@ def chunk_bounds(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
 
 
 def checksum(data: torch.Tensor) -> int:
-    """Checksum of a 1-D uint8 tensor: CRC-32 on CPU; a position-weighted sum on other devices."""
+    """Checksum of a 1-D uint8 tensor: CRC-32 on CPU; :func:`poly_hash` (on the device) elsewhere."""
     if data.device.type == "cpu":
         return zlib.crc32(data.numpy()) if data.numel() else 0
-    return weighted_sum(data)
+    return poly_hash(data)
 
 
-def weighted_sum(data: torch.Tensor) -> int:
-    """Position-weighted byte sum computed on the tensor's device (the non-CPU checksum)."""
-    total = torch.zeros((), dtype=torch.int64, device=data.device)
-    step = 1 << 24
-    for lo in range(0, data.numel(), step):
-        x = data[lo : lo + step].to(torch.int64)
-        w = torch.arange(lo, lo + x.numel(), dtype=torch.int64, device=data.device) % 1_000_003 + 1
-        total += (x * w).sum()
-    return int(total.item())
+_P = (1 << 31) - 1  # the Mersenne prime of both hashes
+_GENERATORS = (16807, 48271)  # primitive roots mod _P (the MINSTD multipliers)
+_BLOCK = 1 << 16  # words per row: a row's sum of word (< 2^16) x weight (< 2^31) stays below 2^63
+_ROWS = 64  # rows per step: 8 MiB of wire bytes at a time (bounded temporaries)
+_weights: dict[tuple[str, int], torch.Tensor] = {}  # (device, g) -> g^k mod p, k < _BLOCK
+_row_powers: dict[int, list[int]] = {}  # g -> [g^(j * _BLOCK) mod p for j = 0, 1, ...]
+
+
+def _block_weights(device: torch.device, g: int) -> torch.Tensor:
+    key = (str(device), g)
+    w = _weights.get(key)
+    if w is None:
+        vals, x = [], 1
+        for _ in range(_BLOCK):
+            vals.append(x)
+            x = x * g % _P
+        w = _weights[key] = torch.tensor(vals, dtype=torch.int64, device=device)
+    return w
+
+
+def _rows_powers(g: int, lo: int, hi: int) -> list[int]:
+    pw = _row_powers.setdefault(g, [1])
+    step = pow(g, _BLOCK, _P)
+    while len(pw) < hi:
+        pw.append(pw[-1] * step % _P)
+    return pw[lo:hi]
+
+
+def poly_hash(data: torch.Tensor) -> int:
+    """The device-side checksum of a 1-D uint8 tensor (module docstring), computed on its device.
+
+    Deterministic and device-independent (the same value on CPU and CUDA for the same bytes);
+    called on the sender after packing and on the receiver before unpacking each bucket.
+    """
+    n = data.numel()
+    if n == 0:
+        return 0
+    dev = data.device
+    if n % 2:
+        data = torch.cat([data, torch.zeros(1, dtype=torch.uint8, device=dev)])
+    words_all = data.view(torch.int16)
+    m = words_all.numel()
+    weights = [_block_weights(dev, g) for g in _GENERATORS]
+    totals = [torch.zeros((), dtype=torch.int64, device=dev) for _ in _GENERATORS]
+    rows_total = -(-m // _BLOCK)
+    for r0 in range(0, rows_total, _ROWS):
+        r1 = min(r0 + _ROWS, rows_total)
+        x = words_all[r0 * _BLOCK : min(r1 * _BLOCK, m)].to(torch.int64) & 0xFFFF
+        if x.numel() < (r1 - r0) * _BLOCK:
+            x = torch.nn.functional.pad(x, (0, (r1 - r0) * _BLOCK - x.numel()))
+        x = x.view(r1 - r0, _BLOCK)
+        for k, g in enumerate(_GENERATORS):
+            inner = (x * weights[k]).sum(dim=1) % _P
+            rp = torch.tensor(_rows_powers(g, r0, r1), dtype=torch.int64, device=dev)
+            totals[k] += (inner * rp % _P).sum()
+    h = [int(t.item()) % _P for t in totals]
+    return h[0] | (h[1] << 32)
 
 
 def write_trailer(buf: torch.Tensor, n: int, value: int) -> None:

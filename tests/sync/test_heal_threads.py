@@ -1,0 +1,317 @@
+"""Issue 13: the bridge heals, and survivors raise in time naming the cause (threads over a HashStore).
+
+* async that heals: after a push that timed out on the staleness bound (a slow ``apply``), a
+  failed push, or a restarted rollout, the next push succeeds; staleness counts versions actually
+  delivered to each receiver's current process, never version numbers;
+* robust readers: garbage, another message kind or a 5 MB value under the announcement key is a
+  typed error at the rank's next ``poll()`` and later genuine pushes still arrive; a seq of 10**12
+  does not hide the real announcements; a deleted join key is put back by its rank;
+* trainer ranks > 0 raise within ``timeout_s`` + slack when trainer 0 fails before announcing.
+
+Bytes move through the store (``sync_fakes.StoreDataPlane``); ``test_heal_mp.py`` runs the
+reproducer and the checksum case over Gloo in processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from weightbridge.bridge import load_spec
+from weightbridge.errors import BadMessage, BridgeError, DeadlineExceeded, PeerFailed
+from weightbridge.sync.messages import Announce, Join
+
+from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
+
+ONE_TRAINER = "{preset: fsdp2, mesh: {dp: 1}}"
+ONE_ROLLOUT = "{preset: vllm, instances: 1, mesh: {tp: 1}}"
+SLACK_S = 2.0
+
+
+def one_to_one(mode: str, timeout_s: float = 1.0, **kw):
+    return load_spec(spec_text(mode=mode, timeout_s=timeout_s, trainer=ONE_TRAINER, rollout=ONE_ROLLOUT, **kw))
+
+
+def wait_until(cond, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+class Engine:
+    """A rollout rank's engine loop in a thread: poll, apply (optionally slowly), record everything."""
+
+    def __init__(self, r, store, *, staging: bool, slow_apply: dict | None = None, **kw) -> None:
+        self.r = r
+        self.bridge, self.tensors = rollout_bridge(r, 0, store, staging=staging, **kw)
+        self.slow_apply = slow_apply or {}  # version -> seconds to sleep before applying it
+        self.applied: list[tuple[int, list]] = []
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        b = self.bridge
+        while not self.stop.is_set():
+            try:
+                if b.poll():
+                    if self.stop.wait(self.slow_apply.pop(b.staged_version, 0.0)):
+                        break  # killed while "applying"
+                    v = b.apply()
+                    self.applied.append((v, check(self.r, b, self.tensors, v)))
+            except Exception as exc:  # noqa: BLE001 - recorded for the test (a hook's own error included)
+                self.errors.append(exc)
+            time.sleep(0.002)
+
+    def kill(self) -> None:
+        """As if the process died: no more polls, heartbeats or receives; nothing is cleaned up."""
+        self.stop.set()
+        self.thread.join(10)
+        b = self.bridge
+        b._stop.set()
+        if b._thread is not None:
+            b._thread.join(10)
+        b.cp.stop_heartbeat()
+        b.closed = True  # never rejoins; its join record stays, as a killed process leaves it
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.bridge.close()
+
+
+def push(trainer, r, tensors, v):
+    set_weights(r.trainer.ranks[0], tensors, canonical(r, v))
+    return trainer.push(v)
+
+
+# -- async that heals ----------------------------------------------------------------------------
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_reproducer_one_apply_slower_than_timeout_then_the_next_pushes_succeed(staging):
+    """The issue's deterministic reproducer: 1 trainer + 1 rollout, async, one apply > timeout_s."""
+    r = one_to_one("async", timeout_s=1.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=staging, slow_apply={1: 1.6})
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    try:
+        assert push(trainer, r, tensors, 1).version == 1
+        with pytest.raises(DeadlineExceeded, match="max_staleness 1"):
+            push(trainer, r, tensors, 2)  # version 1 not applied in time: push 2 is never announced
+        wait_until(lambda: engine.bridge.version == 1, what="the slow apply of version 1")
+        for v in (3, 4, 5):  # before the fix: every one waited for version 2, which nobody could apply
+            assert push(trainer, r, tensors, v).version == v
+        wait_until(lambda: engine.bridge.version == 5, what="version 5 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert [v for v, _ in engine.applied] == [1, 3, 4, 5]
+    assert all(bad == [] for _, bad in engine.applied)
+
+
+class FailOnce:
+    """An ``on_round`` hook that raises in the receive of ``version`` (a rollout-side failure)."""
+
+    def __init__(self, bridge_ref: list, version: int) -> None:
+        self.ref, self.version, self.fired = bridge_ref, version, False
+
+    def __call__(self, index: int) -> None:
+        ann = self.ref[0].board.announcement() if self.ref else None
+        if not self.fired and ann is not None and ann.version == self.version:
+            self.fired = True
+            raise RuntimeError(f"injected receive failure in version {self.version}")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_a_failed_push_then_the_next_push_succeeds(mode, staging):
+    from weightbridge.bridge import BridgeOptions
+    from sync_fakes import StoreDataPlane
+
+    r = one_to_one(mode, timeout_s=2.0)
+    T = Threads()
+    ref: list = []
+    opts = BridgeOptions(data_plane=StoreDataPlane("rollout 0"), on_round=FailOnce(ref, 2))
+    engine = Engine(r, T.store, staging=staging, options=opts)
+    ref.append(engine.bridge)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        with pytest.raises(PeerFailed, match="injected receive failure in version 2"):
+            push(trainer, r, tensors, 2)
+        for v in (3, 4):  # async before the fix: waited for version 2, lost with the failed receive
+            s = push(trainer, r, tensors, v)
+            assert s.version == v
+        wait_until(lambda: engine.bridge.version == 4, what="version 4 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert [v for v, _ in engine.applied] == [1, 3, 4] and all(bad == [] for _, bad in engine.applied)
+    assert any("injected receive failure" in str(e) for e in engine.errors)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_a_restarted_rollout_then_the_next_push_succeeds_and_old_acks_are_ignored(mode, staging):
+    r = one_to_one(mode, timeout_s=2.0)
+    T = Threads()
+    first = Engine(r, T.store, staging=staging, slow_apply={2: 3600.0})  # never applies version 2
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    second = None
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: first.bridge.version == 1, what="version 1 applied")
+        if mode == "async":
+            push(trainer, r, tensors, 2)  # staged by the first process, never applied: it dies
+            wait_until(lambda: first.bridge.ready(), what="version 2 staged")
+        first.kill()
+        second = Engine(r, T.store, staging=staging)  # the restart: a new join nonce
+        for v in (3, 4):  # async before the fix: waited for the dead process' staged version 2
+            assert push(trainer, r, tensors, v).version == v
+        wait_until(lambda: second.bridge.version == 4, what="version 4 applied by the new process")
+    finally:
+        if second is not None:
+            second.close()
+        trainer.close()
+        T.close()
+    assert [v for v, _ in second.applied][-1] == 4 and all(bad == [] for _, bad in second.applied)
+
+
+# -- robust readers ------------------------------------------------------------------------------
+def _bad_values(cp, key):
+    yield "garbage", lambda: cp.store.set(key, b"\x80\x04K\x01.")  # not even authenticated
+    yield "another kind", lambda: cp.set(key, Join(side="rollout", rank=0, instance=0, nonce="x", pid=1, host="h"))
+    yield "5 MB", lambda: cp.set_raw(key, b" " * (5 << 20))
+    yield "seq 10**12", lambda: cp.set(key, Announce(seq=10**12, version=999, epoch=10**6))
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_bad_announcement_values_are_typed_errors_at_poll_and_later_pushes_arrive(staging):
+    r = one_to_one("sync", timeout_s=1.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=staging)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    key = trainer.board.announcement_key()
+    try:
+        push(trainer, r, tensors, 1)
+        v = 1
+        for name, write in _bad_values(trainer.cp, key):
+            before = len(engine.errors)
+            write()
+            # a typed error at the rank's next poll(), once (seq 10**12: its epoch never comes)
+            wait_until(lambda: len(engine.errors) > before, what=f"the error for {name}")
+            time.sleep(0.1)
+            assert all(isinstance(e, BridgeError) for e in engine.errors), engine.errors  # typed, never a thread death
+            if name != "seq 10**12":
+                assert isinstance(engine.errors[before], BadMessage) and "rollout 0" in str(engine.errors[before])
+                assert len(engine.errors) == before + 1, engine.errors[before:]  # reported once
+            v += 1
+            assert push(trainer, r, tensors, v).version == v  # the receive thread / poll still serve
+            wait_until(lambda: engine.bridge.version == v, what=f"version {v} after {name}")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert [x for x, _ in engine.applied] == list(range(1, v + 1))
+    assert all(bad == [] for _, bad in engine.applied)
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
+    r = one_to_one("sync", timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=staging)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    try:
+        push(trainer, r, tensors, 1)
+        for v in (2, 3):
+            T.store.delete_key(engine.bridge.board.keys.join("rollout/0"))
+            assert push(trainer, r, tensors, v).version == v  # before: waited for the rank to join, forever
+        wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+
+
+# -- every survivor raises in time ---------------------------------------------------------------
+def test_trainer_ranks_above_0_raise_in_time_when_trainer_0_fails_before_announcing_with_a_peer_failed():
+    """Trainer 0's PeerFailed (a dead receiver, in the staleness wait) is relayed to trainer 1."""
+    timeout_s = 5.0  # a dead rank is declared after 3 s: trainer 0 raises PeerFailed before its deadline
+    r = load_spec(spec_text(mode="async", timeout_s=timeout_s, rollout=ONE_ROLLOUT))
+    T = Threads()
+    engine = Engine(r, T.store, staging=True, slow_apply={1: 3600.0})  # stages 1, never applies it
+    trainers = [trainer_bridge(r, t, T.store) for t in range(2)]
+    try:
+        for t, (b, tensors) in enumerate(trainers):
+            T.start(f"t{t}", push, b, r, tensors, 1)
+        [T.result(f"t{t}") for t in range(2)]
+        wait_until(lambda: engine.bridge.ready(), what="version 1 staged")
+        engine.kill()
+        t0 = time.monotonic()
+        for t, (b, tensors) in enumerate(trainers):
+            T.start(f"t{t}", push, b, r, tensors, 2)
+        e0, e1 = T.exception("t0", timeout=30), T.exception("t1", timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        for b, _ in trainers:
+            b.close()
+        T.close()
+    assert isinstance(e0, PeerFailed) and "rollout 0" in str(e0) and "no heartbeat" in str(e0), e0
+    assert isinstance(e1, PeerFailed) and "trainer 0" in str(e1) and "rollout 0" in str(e1), e1
+    assert elapsed < timeout_s + SLACK_S, elapsed  # before: 2 x timeout_s
+
+
+def test_trainer_ranks_above_0_watch_the_epoch_whose_handshake_failed():
+    """After a failed handshake trainer 1 must watch that epoch, where trainer 0 publishes next."""
+    timeout_s = 3.0
+    r = load_spec(spec_text(mode="sync", timeout_s=timeout_s, rollout=ONE_ROLLOUT))
+    T = Threads()
+    silent, _ = rollout_bridge(r, 0, T.store, staging=False)  # joined, never polls: no hello
+    trainers = [trainer_bridge(r, t, T.store) for t in range(2)]
+    try:
+        for t, (b, tensors) in enumerate(trainers):
+            T.start(f"t{t}", push, b, r, tensors, 1)
+        for t in range(2):
+            assert isinstance(T.exception(f"t{t}", timeout=30), (DeadlineExceeded, PeerFailed))
+        silent.close()  # gone: push 2 finds no instance and trainer 0 fails before announcing
+        t0 = time.monotonic()
+        for t, (b, tensors) in enumerate(trainers):
+            T.start(f"t{t}", push, b, r, tensors, 2)
+        e0, e1 = T.exception("t0", timeout=30), T.exception("t1", timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        for b, _ in trainers:
+            b.close()
+        T.close()
+    assert isinstance(e0, DeadlineExceeded) and "rollout instance" in str(e0), e0
+    assert isinstance(e1, PeerFailed) and "trainer 0" in str(e1) and "DeadlineExceeded" in str(e1), e1
+    assert elapsed < timeout_s + SLACK_S, elapsed  # before: 2 x timeout_s
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_bad_values_under_the_ack_keys_read_as_no_ack_and_the_next_push_succeeds(mode):
+    r = one_to_one(mode, timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=True)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    keys = trainer.board.ack_keys("staged", [0]) + trainer.board.ack_keys("applied", [0])
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        for v in (2, 3):
+            for k in keys:
+                T.store.set(k, b"garbage")
+            assert push(trainer, r, tensors, v).version == v
+            wait_until(lambda: engine.bridge.version == v, what=f"version {v} applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
