@@ -40,8 +40,12 @@ class FakeLLM:
 
 
 def _ack(store, rank: int, version: int) -> None:
-    store.set(Keys("wb").ack("applied", rank), encode(Ack(rank=rank, version=version, seq=version, epoch=1,
-                                                          stage="applied")))
+    """An ack as a rollout rank writes it: sealed with the job secret (tests/conftest.py sets one)."""
+    from weightbridge.sync.auth import signer_from_env
+
+    key = Keys("wb").ack("applied", rank)
+    store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
+                                                                stage="applied"))))
 
 
 def test_a_failed_update_raises_its_own_error_even_when_reading_the_result_fails_too():
