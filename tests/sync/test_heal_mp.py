@@ -61,6 +61,11 @@ def test_trainers_see_the_receivers_checksum_error_not_a_disconnect():
         assert elapsed < timeout_s + 2.0
     errors = [e for e in r1 if e[0] == "error"]
     assert errors and errors[0][1] == "ChecksumError", r1
+    # Rollout 0 was waiting for trainer 0's bytes when trainer 0 gave up: it must hear of it from
+    # the closed sockets at once, not at its own deadline (before the fix: 6 s, so trainer 0's
+    # next handshake, started meanwhile, timed out waiting for rollout 0's hello).
+    r0_errors = [e for e in r0 if e[0] == "error"]
+    assert r0_errors and r0_errors[0][3] - errors[0][3] < timeout_s / 2, (r0_errors, errors)
     for ev in (r0, r1):  # healed by the next push, bitwise
         applied = [e for e in ev if e[0] == "applied"]
         assert [e[1] for e in applied] == [1, 3] and all(e[2] == [] for e in applied), ev

@@ -66,6 +66,7 @@ backend error), :class:`ChecksumError`. After any of them the group is unusable:
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -241,7 +242,14 @@ class Executor:
             target = dst if dst is not None else tensors
             source = target
         self.check_tensors(source, target)
-        stats = RoundPipeline(self, source, target).run(on_round)
+        try:
+            stats = RoundPipeline(self, source, target).run(on_round)
+        except BaseException as exc:
+            # The failed frames below hold the in-flight Work objects, which keep the Gloo context and
+            # its sockets alive: a peer blocked on this rank would only give up at its deadline, since
+            # Gloo's abort()/shutdown() close nothing. Drop them so group.close() really disconnects.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         if self.local_copies:
             stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
         for dev in {self.wire_device, self.device}:
