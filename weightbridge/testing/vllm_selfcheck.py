@@ -24,6 +24,7 @@ Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replicati
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import time
@@ -156,7 +157,13 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One trainer rank (launched by :func:`weightbridge.testing.localrun.launch`).
 
     ``job``: rank, host, port (control store, hosted by the driver), model_dir, workdir,
-    phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr.
+    phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr. Optional: ``go_key`` (the
+    driver paces the ranks: they wait for ``{go_key}/{v}`` before step ``v`` and for
+    ``{go_key}/setup/{prefix}`` before each later phase; rank 0 sets ``{go_key}/ready/{prefix}``
+    once a phase is set up), ``go_wait_s`` (those waits' deadline), ``greedy`` (rank 0 saves the HF
+    model's greedy output per version; default: without ``go_key``), ``servers`` (``vllm serve``
+    URLs: rank 0 pushes through :class:`~weightbridge.integrations.vllm.server.VLLMServers`; a
+    phase's ``pause`` and ``initial_version`` go to it).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -187,25 +194,36 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     version = 0
     try:
-        for phase in job["phases"]:
+        for i, phase in enumerate(job["phases"]):
+            if i and job.get("go_key"):  # the driver checks the last phase's weights before the servers re-init
+                store.wait([f"{job['go_key']}/setup/{phase['prefix']}"],
+                           datetime.timedelta(seconds=job.get("go_wait_s", job["timeout_s"])))
             resolved = load_spec(phase["spec"])
             bridge = TrainerBridge.from_spec(resolved, rank=rank, tensors=trainer.tensors(), store=store,
                                              options=BridgeOptions(prefix=phase["prefix"]))
+            servers = _servers(job, phase, store) if rank == 0 and job.get("servers") else None
+            if rank == 0 and job.get("go_key"):  # the driver may start its load once the phase is set up
+                store.set(f"{job['go_key']}/ready/{phase['prefix']}", b"1")
             try:
                 for _ in range(phase["steps"]):
                     version += 1
-                    if job.get("go_key"):  # the bench paces the steps so that timings do not overlap
-                        store.wait([f"{job['go_key']}/{version}"])
+                    if job.get("go_key"):  # the driver paces the steps (timings never overlap; checks in between)
+                        store.wait([f"{job['go_key']}/{version}"],
+                                   datetime.timedelta(seconds=job.get("go_wait_s", job["timeout_s"])))
                     loss = trainer.step(opt, _tokens(vocab, version))
                     # Verification (and the bench's baseline): gather the full model (a collective), save it.
                     t0 = time.perf_counter()
                     full = trainer.full_tensors()
                     t1 = time.perf_counter()
                     if plain is not None:
-                        _save_version(plain, full, job["workdir"], version, greedy_too=not job.get("go_key"))
+                        _save_version(plain, full, job["workdir"], version,
+                                      greedy_too=job.get("greedy", not job.get("go_key")))
                     t2 = time.perf_counter()
                     wall0 = time.time()
-                    stats = bridge.push(version, tensors=trainer.tensors())
+                    if servers is not None:  # push and make it live on the `vllm serve` processes
+                        stats = servers.push(bridge, version, tensors=trainer.tensors())
+                    else:
+                        stats = bridge.push(version, tensors=trainer.tensors())
                     records.append({"phase": phase["prefix"], "version": version, "loss": loss,
                                     "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
                                     "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
@@ -214,6 +232,18 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     finally:
         trainer.close()
     return records
+
+
+def _servers(job: dict[str, Any], phase: dict[str, Any], store: Any) -> Any:
+    """Trainer rank 0's handle on the job's ``vllm serve`` URLs (``job["servers"]``), initialised for
+    this phase's spec (the servers' workers join the phase's bridge)."""
+    from weightbridge.bridge import BridgeOptions
+    from weightbridge.integrations.vllm.server import VLLMServers
+
+    servers = VLLMServers(job["servers"], phase["spec"], host=job["host"], port=job["port"], store=store,
+                          options=BridgeOptions(prefix=phase["prefix"]), pause=phase.get("pause", "keep"))
+    servers.init(initial_version=phase.get("initial_version"))
+    return servers
 
 
 def _tokens(vocab: int, version: int) -> torch.Tensor:

@@ -49,12 +49,8 @@ class VLLMWeightSync:
         conformance suite injects faults with, sent pickled to the workers; no ``data_plane``).
         ``staging`` (default: the spec's) applies to every worker. ``timeout_s``: the default wait of
         :meth:`update` (default: the spec's ``sync.timeout_s``)."""
-        from weightbridge.bridge import BridgeOptions, InstanceView, load_spec
-
-        options = options if options is not None else BridgeOptions()
-        if options.data_plane is not None:
-            raise ValueError("BridgeOptions.data_plane cannot reach vLLM's worker processes")
-        prefix, on_round = options.prefix, options.on_round
+        from weightbridge.bridge import InstanceView
+        from weightbridge.integrations.vllm.protocol import prepare
 
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
         if backend != BACKEND:
@@ -62,30 +58,19 @@ class VLLMWeightSync:
                 f"the LLM's weight_transfer_config.backend is {backend!r}: create it with "
                 f"LLM(..., weight_transfer_config=WeightTransferConfig(backend={BACKEND!r}))"
             )
-        path = Path(spec)
-        is_file = "\n" not in str(spec) and path.is_file()
-        text = path.read_text() if is_file else str(spec)
-        self.resolved = load_spec(path if is_file else text)  # fails here, with file:line, before any RPC
+        # fails here, with file:line, before any RPC
+        prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
+                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+        self.resolved = prepared.resolved
         self.llm = llm
         self.instance = instance
-        self.prefix = prefix
-        self.timeout_s = float(timeout_s or self.resolved.sync.timeout_s)
+        self.prefix = prepared.prefix
+        self.timeout_s = prepared.timeout_s
         self.version: int | None = None
-        self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=prefix,
+        self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=self.prefix,
                                          timeout_s=self.timeout_s)
         self.rollout_ranks = list(self.view.ranks)
-        init_info = {
-            "spec": text, "spec_name": str(spec) if is_file else "<spec>",
-            "base_dir": str(path.resolve().parent) if is_file else str(Path.cwd()),
-            "host": host, "port": int(port), "instance": instance, "staging": staging, "probe": probe,
-            "cache_dir": cache_dir, "timeout_s": self.timeout_s, "prefix": prefix,
-        }
-        if on_round is not None:
-            import base64
-            import pickle
-
-            init_info["on_round"] = base64.b64encode(pickle.dumps(on_round)).decode()
-        llm.init_weight_transfer_engine({"init_info": init_info})
+        llm.init_weight_transfer_engine({"init_info": prepared.init_info})
 
     def staged(self) -> int | None:
         """The newest version every worker of this instance has complete, or None."""
@@ -103,8 +88,10 @@ class VLLMWeightSync:
             ready = self.staged()
             if ready is None or (previous is not None and ready <= previous):
                 return None
+        from weightbridge.integrations.vllm.protocol import update_info
+
+        info = update_info(version, timeout_s or self.timeout_s)
         self.llm.start_weight_update()
-        info = {"version": version, "timeout_s": float(timeout_s or self.timeout_s)}
         try:
             self.llm.update_weights({"update_info": info})
         except BaseException:
@@ -119,10 +106,12 @@ class VLLMWeightSync:
 
     def _finish(self) -> int | None:
         """End vLLM's update protocol with the version the workers now serve (read from the bridge)."""
+        from weightbridge.integrations.vllm.protocol import label
+
         applied = None
         try:
             applied = self.view.applied()
         finally:
-            self.llm.finish_weight_update(weight_version=None if applied is None else str(applied))
+            self.llm.finish_weight_update(weight_version=label(applied))
         self.version = applied
         return applied
