@@ -14,6 +14,19 @@ point calls :func:`register` in every vLLM process, so a user writes::
     ...
     sync.update(version)      # between generate() calls: start / update / finish_weight_update
 
+The same backend serves every way RL frameworks run vLLM; pick the driver that matches:
+
+* ``vllm.LLM`` (offline): :class:`~weightbridge.integrations.vllm.driver.VLLMWeightSync`, above;
+* ``AsyncLLM`` (embedded online engine):
+  :class:`~weightbridge.integrations.vllm.async_driver.AsyncVLLMWeightSync`
+  (``await sync.update(v, pause="keep")``);
+* ``vllm serve`` (OpenAI server, ``VLLM_SERVER_DEV_MODE=1``): the trainer's
+  :class:`~weightbridge.integrations.vllm.server.VLLMServers` drives vLLM's HTTP routes
+  (``servers.push(bridge, v)``: push and make ``v`` live on every server).
+
+Each completion's ``weight_versions`` (vLLM's spans of output tokens per weight label) name the
+weightbridge versions that generated it: :func:`~weightbridge.integrations.vllm.protocol.version_spans`.
+
 Without the entry point (a PYTHONPATH checkout) pass
 ``worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension"`` too: importing it
 registers the backend in the worker before the engine is created.
@@ -37,10 +50,20 @@ INSTALL_HINT = (
 from weightbridge.errors import error_data, error_from_data  # re-exported: errors as RPC-safe data
 
 if TYPE_CHECKING:
+    from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
+    from weightbridge.integrations.vllm.protocol import version_spans
+    from weightbridge.integrations.vllm.server import VLLMServers
 
-__all__ = ["BACKEND", "INSTALL_HINT", "VLLMWeightSync", "WorkerExtension", "error_data", "error_from_data", "register",
-           "tensors_from_data"]
+__all__ = ["BACKEND", "INSTALL_HINT", "AsyncVLLMWeightSync", "VLLMServers", "VLLMWeightSync", "WorkerExtension",
+           "error_data", "error_from_data", "register", "tensors_from_data", "version_spans"]
+
+_LAZY = {
+    "VLLMWeightSync": "weightbridge.integrations.vllm.driver",
+    "AsyncVLLMWeightSync": "weightbridge.integrations.vllm.async_driver",
+    "VLLMServers": "weightbridge.integrations.vllm.server",
+    "version_spans": "weightbridge.integrations.vllm.protocol",
+}
 
 
 def register() -> None:
@@ -143,10 +166,10 @@ def tensors_from_data(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "VLLMWeightSync":
-        from weightbridge.integrations.vllm.driver import VLLMWeightSync
+    if name in _LAZY:
+        import importlib
 
-        return VLLMWeightSync
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
 
 

@@ -118,17 +118,23 @@ def version_spans(completion: Any) -> list[VersionSpan]:
     is not a version this module wrote.
     """
     raw = completion.get("weight_versions") if isinstance(completion, dict) else getattr(completion, "weight_versions", None)
-    if not raw:
+    if not raw or not isinstance(raw, (list, tuple)):
         raise ValueError("the completion has no weight_versions (not finished, or no label was reported)")
-    spans = []
+    spans: list[VersionSpan] = []
     for item in raw:
-        text, start, end = (item["version"], item["start"], item["end"]) if isinstance(item, dict) else (
-            item.version, item.start, item.end)
+        try:
+            text, start, end = (item["version"], item["start"], item["end"]) if isinstance(item, dict) else (
+                item.version, item.start, item.end)
+        except (KeyError, AttributeError, TypeError):
+            raise ValueError(f"not a weight version span: {item!r}"[:200]) from None
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) or not (
+                (spans[-1].end if spans else 0) == start < end):
+            raise ValueError(f"spans must tile the output tokens from 0: {item!r} after {spans[-1:]}"[:300])
         if text == INITIAL_LABEL:
             version = None
-        elif isinstance(text, str) and text.isdigit() and len(text) < 20:
+        elif isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 20:
             version = int(text)
         else:
-            raise ValueError(f"weight version label {text!r} is neither {INITIAL_LABEL!r} nor a version")
-        spans.append(VersionSpan(version, int(start), int(end), text))
+            raise ValueError(f"weight version label {text!r} is neither {INITIAL_LABEL!r} nor a version"[:200])
+        spans.append(VersionSpan(version, start, end, text))
     return spans

@@ -113,9 +113,11 @@ class VLLMServer:
             raise ServerError(self.url, "/weight_info", 200, f"unexpected answer {reply!r}"[:300])
         return reply["weight_version"]
 
-    def collective_rpc(self, method: str, args: tuple[str, ...] = (), *, timeout_s: float | None = None) -> list[Any]:
+    def collective_rpc(self, method: str, args: tuple[str, ...] = (), kwargs: dict[str, str] | None = None, *,
+                       timeout_s: float | None = None) -> list[Any]:
         """``POST /collective_rpc`` (dev mode; string arguments only): one result per worker."""
-        reply = self.call("/collective_rpc", {"method": method, "args": list(args)}, timeout_s=timeout_s)
+        reply = self.call("/collective_rpc", {"method": method, "args": list(args), "kwargs": dict(kwargs or {})},
+                          timeout_s=timeout_s)
         results = reply.get("results") if isinstance(reply, dict) else None
         if not isinstance(results, list):
             raise ServerError(self.url, "/collective_rpc", 200, f"unexpected answer {reply!r}"[:300])
@@ -158,18 +160,19 @@ class VLLMServers:
         if not urls:
             raise ValueError("no server URLs")
         self.pause, self.clear_cache = check_pause(pause), clear_cache
-        self.prepared = [prepare(spec, host=host, port=port, instance=i, staging=staging, probe=probe,
-                                 cache_dir=cache_dir, timeout_s=timeout_s, options=options) for i in range(len(urls))]
-        resolved = self.prepared[0].resolved
+        prepared = prepare(spec, host=host, port=port, instance=0, staging=staging, probe=probe,
+                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+        resolved = prepared.resolved
         if len(urls) != resolved.rollout.num_instances:
             raise ValueError(f"{len(urls)} server URLs for the spec's {resolved.rollout.num_instances} rollout "
                              "instance(s): give one URL per instance, in instance order")
+        self.init_infos = [{**prepared.init_info, "instance": i} for i in range(len(urls))]
         self.resolved = resolved
-        self.timeout_s = self.prepared[0].timeout_s
+        self.timeout_s = prepared.timeout_s
         # An update waits up to timeout_s in the workers, plus the pause ("wait" drains requests).
         http = float(http_timeout_s or 2 * self.timeout_s + 60)
         self.servers = [VLLMServer(u, timeout_s=http) for u in urls]
-        prefix = self.prepared[0].prefix
+        prefix = prepared.prefix
         if store is not None:
             self.views = [InstanceView(resolved, i, store, prefix=prefix, timeout_s=self.timeout_s)
                           for i in range(len(urls))]
@@ -192,7 +195,7 @@ class VLLMServers:
             server = self.servers[i]
             server.wait_ready(ready_timeout_s)
             try:
-                server.call("/init_weight_transfer_engine", {"init_info": self.prepared[i].init_info})
+                server.call("/init_weight_transfer_engine", {"init_info": self.init_infos[i]})
             except ServerError as exc:
                 raise (server.typed_error() or exc) from exc
             if initial_version is not None:
