@@ -21,7 +21,7 @@ SHIPPED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integration_guides", ("*.md",)),
     ("docs", ("*.md", "*.png")),
     ("examples", ("README.md", "toy_integration/*.md", "toy_integration/*.py", "toy_integration/*.yaml",
-                  "toy_integration/toyrl/*.py")),
+                  "toy_integration/toyrl/*.py", "ray_rl/*.md", "ray_rl/*.py")),
 )
 
 

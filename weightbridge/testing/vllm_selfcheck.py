@@ -240,7 +240,7 @@ def _servers(job: dict[str, Any], phase: dict[str, Any], store: Any) -> Any:
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.server import VLLMServers
 
-    servers = VLLMServers(job["servers"], phase["spec"], host=job["host"], port=job["port"], store=store,
+    servers = VLLMServers(job["servers"], phase["spec"], host=job["host"], port=job["port"],
                           options=BridgeOptions(prefix=phase["prefix"]), pause=phase.get("pause", "keep"))
     servers.init(initial_version=phase.get("initial_version"))
     return servers
