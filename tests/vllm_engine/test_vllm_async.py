@@ -43,7 +43,7 @@ def run(request, tmp_path_factory):
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = work / "report.json"
     proc = subprocess.run([sys.executable, str(MAIN), "qwen2", str(tp), str(work), str(out)], capture_output=True,
-                          text=True, timeout=900, env=env, check=False, start_new_session=True)
+                          text=True, timeout=1500, env=env, check=False, start_new_session=True)
     summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("[async]"))
     assert proc.returncode == 0 and out.exists(), f"{summary}\n{proc.stderr[-4000:]}"
     print(summary)

@@ -32,6 +32,10 @@ from typing import Any
 from weightbridge.testing import vllm_online as online
 from weightbridge.testing import vllm_selfcheck as sc
 
+# Liveness is not what these checks test: a vLLM worker pinned to a busy core can stall for
+# seconds on a loaded 2-core machine, so peers are declared dead only after 10 x this.
+HEARTBEAT_S = 2.0
+
 # version -> (pause mode, clear_cache): each of vLLM's choices at least once, in both modes
 PLAN: dict[int, tuple[str, bool]] = {1: ("keep", True), 2: ("wait", True), 3: ("abort", True),
                                      4: ("keep", False), 5: ("keep", True)}
@@ -119,7 +123,7 @@ async def _run(kind: str, tp: int, workdir: Path, steps: tuple[int, int], timeou
     vocab = v0.config.vocab_size
     del v0
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
-    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": n, "spec": sc.spec_text(kind, model_dir, tp, m, timeout_s)}
+    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": n, "spec": sc.spec_text(kind, model_dir, tp, m, timeout_s, heartbeat_s=HEARTBEAT_S)}
               for m, n in zip(("sync", "async"), steps) if n]
     total = sum(steps)
     job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(workdir),

@@ -79,7 +79,7 @@ WRONG_QKV_RULES: list[dict[str, Any]] = [
 
 def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
-              trainer_kind: str = "fsdp2") -> dict[str, Any]:
+              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5) -> dict[str, Any]:
     """The selfcheck's spec: FSDP2 dp2 (or Megatron, :data:`MEGATRON_MESH`) trainer (float32) ->
     vLLM TP ``tp`` (``instances`` engines)."""
     trainer: dict[str, Any] = {"preset": "fsdp2", "mesh": {"dp": 2}}
@@ -98,16 +98,16 @@ def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
         "trainer": trainer,
         "rollout": rollout,
         "sync": {"mode": mode, "max_staleness": 1, "round_bytes": "64MiB", "transport": "gloo",
-                 "timeout_s": timeout_s, "heartbeat_s": 0.5},
+                 "timeout_s": timeout_s, "heartbeat_s": heartbeat_s},
     }
 
 
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
-              trainer_kind: str = "fsdp2") -> str:
+              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5) -> str:
     """:func:`spec_data` as YAML."""
     data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances,
-                     trainer_kind=trainer_kind)
+                     trainer_kind=trainer_kind, heartbeat_s=heartbeat_s)
     side = "FSDP2 dp2" if trainer_kind == "fsdp2" else f"Megatron-Core {MEGATRON_MESH[kind]}"
     head = f"# {kind}: {side} trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).\n"
     return head + yaml.safe_dump(data, sort_keys=False)

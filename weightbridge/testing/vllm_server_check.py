@@ -27,6 +27,10 @@ from typing import Any
 from weightbridge.testing import vllm_online as online
 from weightbridge.testing import vllm_selfcheck as sc
 
+# Liveness is not what these checks test: a vLLM worker pinned to a busy core can stall for
+# seconds on a loaded 2-core machine, so peers are declared dead only after 10 x this.
+HEARTBEAT_S = 2.0
+
 
 class Traffic:
     """One request in flight at all times on ``/inference/v1/generate`` (a thread), until stop()."""
@@ -91,7 +95,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2,
     del v0
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
     modes = [m for m, n in zip(("sync", "async"), steps) if n]
-    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": n, "spec": sc.spec_text(kind, model_dir, tp, m, timeout_s)}
+    phases = [{"mode": m, "prefix": f"wb-{m}", "steps": n, "spec": sc.spec_text(kind, model_dir, tp, m, timeout_s, heartbeat_s=HEARTBEAT_S)}
               for m, n in zip(("sync", "async"), steps) if n]
     phases[0]["initial_version"] = 0  # label the weights the server started with "0"
     total = sum(steps)

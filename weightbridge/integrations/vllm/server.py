@@ -148,7 +148,8 @@ class VLLMServers:
     :data:`~weightbridge.integrations.vllm.protocol.PAUSE_MODES`). Other arguments as
     :class:`~weightbridge.integrations.vllm.driver.VLLMWeightSync`; ``host``/``port``: the bridge's
     control store, which the servers' workers join. ``store``: read the instances' versions through
-    this store client (e.g. the trainer bridge's) instead of opening a connection.
+    this store client instead of opening a connection of its own (it is used from this object's
+    HTTP threads).
     """
 
     def __init__(self, urls: list[str], spec: str | Path, *, host: str, port: int, staging: bool | None = None,
