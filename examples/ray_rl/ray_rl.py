@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -244,6 +245,7 @@ def main() -> int:
         ray.get([e.stop.remote() for e in engines])
         ray.get([t.close.remote() for t in trainers])
         ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)  # checkpoints, Ray's session and auth token
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0 if not args.check or all(r["ok"] for r in report["steps"]) else 1

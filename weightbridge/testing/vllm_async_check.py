@@ -39,7 +39,7 @@ HEARTBEAT_S = 2.0
 # version -> (pause mode, clear_cache): each of vLLM's choices at least once, in both modes
 PLAN: dict[int, tuple[str, bool]] = {1: ("keep", True), 2: ("wait", True), 3: ("abort", True),
                                      4: ("keep", False), 5: ("keep", True)}
-PROBE_TOKENS = 100
+PROBE_TOKENS = 64
 PROBE_STARTED = 4  # tokens the probe has before the update starts
 
 
@@ -92,7 +92,7 @@ class Requests:
         n = 0
         while not stop.is_set():
             ids = online.prompt(rng, self.vocab)
-            await self.one(ids, min(rng.randrange(60, 110), online.MAX_MODEL_LEN - len(ids)), f"traffic-s{seed}-{n}")
+            await self.one(ids, min(rng.randrange(40, 80), online.MAX_MODEL_LEN - len(ids)), f"traffic-s{seed}-{n}")
             n += 1
 
     async def greedy(self) -> list[list[int]]:

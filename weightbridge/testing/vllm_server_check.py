@@ -35,7 +35,7 @@ HEARTBEAT_S = 2.0
 class Traffic:
     """One request in flight at all times on ``/inference/v1/generate`` (a thread), until stop()."""
 
-    def __init__(self, server: Any, vocab: int, *, seed: int = 0, max_tokens: tuple[int, int] = (60, 110)) -> None:
+    def __init__(self, server: Any, vocab: int, *, seed: int = 0, max_tokens: tuple[int, int] = (40, 80)) -> None:
         self.server, self.vocab, self.rng, self.max_tokens = server, vocab, random.Random(seed), max_tokens
         self.samples: list[dict[str, Any]] = []
         self.errors: list[str] = []
