@@ -121,7 +121,7 @@ class WorkerExtension:
         return out
 
     def weightbridge_last_error(self) -> dict[str, Any] | None:
-        """The typed error of this worker's last failed update (as :func:`error_data`), then cleared."""
+        """The typed error of this worker's last failed init or update (as :func:`error_data`), then cleared."""
         engine = self._wb_engine()
         exc, engine.last_error = engine.last_error, None
         return None if exc is None else error_data(exc)

@@ -103,6 +103,13 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     # -- init ---------------------------------------------------------------------------------
     def init_transfer_engine(self, init_info: WeightbridgeInitInfo) -> None:
+        try:
+            self._init(init_info)
+        except BridgeError as exc:  # vLLM's RPC (and HTTP) re-raise it untyped; the driver can fetch it typed
+            self.last_error = exc
+            raise
+
+    def _init(self, init_info: WeightbridgeInitInfo) -> None:
         from weightbridge.bridge import BridgeOptions, RolloutBridge
         from weightbridge.spec.errors import SpecErrors
         from weightbridge.spec.resolve import check_text
