@@ -55,7 +55,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_siz
                      max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.fixed_dictionaries({"version": _json, "start": _json, "end": _json}) | _json, max_size=4))
 def test_version_spans_of_any_json_are_spans_or_a_value_error(raw):
     from weightbridge.integrations.vllm.protocol import version_spans
