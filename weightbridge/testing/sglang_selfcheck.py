@@ -33,6 +33,12 @@ from weightbridge.testing.vllm_selfcheck import (
     write_model,
 )
 
+# SGLang on CPU pads MoE (and dense) intermediate sizes to a multiple of tp * 32 when they are not
+# (``adjust_config_with_unaligned_cpu_tp``: a CPU-only config change, absent on GPU); the bundled
+# tiny MoE has moe_intermediate_size 32, so at TP 2 rank 1 would hold only padding. The selfcheck's
+# MoE uses 64 (32 per rank at TP 2): the layout SGLang has on GPU, which the ``sglang`` preset describes.
+MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {}, "qwen3-moe": {"moe_intermediate_size": 64}}
+
 ENGINE_ARGS: dict[str, Any] = dict(
     device="cpu", dtype="float32", attention_backend="torch_native", sampling_backend="pytorch",
     disable_cuda_graph=True, skip_tokenizer_init=True, max_total_tokens=512, mem_fraction_static=0.05,
@@ -40,11 +46,26 @@ ENGINE_ARGS: dict[str, Any] = dict(
 )
 
 
+# The model modules the selfcheck's models need (Qwen2ForCausalLM, Qwen3MoeForCausalLM).
+KEEP_MODEL_MODULES = frozenset({"qwen2", "qwen3_moe"})
+
+
 def cpu_env(tp: int) -> None:
-    """The environment SGLang needs on this CPU-only machine (RECIPES.md); set before it starts."""
+    """The environment SGLang needs on this CPU-only machine (RECIPES.md); set before it starts.
+
+    Also, for start-up time only: SGLang's model registry imports all ~250 model modules in every
+    scheduler process (tens of seconds on a small CPU machine); ``SGLANG_DISABLED_MODEL_ARCHS``
+    (SGLang's own switch) skips those the tests' models do not use."""
+    import importlib.util
+
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if tp == 2:
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
+    spec = importlib.util.find_spec("sglang")
+    if spec is not None and spec.origin and "SGLANG_DISABLED_MODEL_ARCHS" not in os.environ:
+        models = Path(spec.origin).parent / "srt" / "models"
+        skip = sorted(p.stem for p in models.glob("*.py") if p.stem not in KEEP_MODEL_MODULES | {"__init__", "registry"})
+        os.environ["SGLANG_DISABLED_MODEL_ARCHS"] = ",".join(skip)
 
 
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
@@ -125,7 +146,7 @@ def generate(engine: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKEN
 
 
 def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("sync", "async"), steps: int = 2,
-        timeout_s: float = 120.0, check_wrong_spec: bool = True, log: Any = print, trainer_kind: str = "fsdp2",
+        timeout_s: float = 300.0, check_wrong_spec: bool = True, log: Any = print, trainer_kind: str = "fsdp2",
         http: bool = False) -> dict[str, Any]:
     """The whole loop; returns a report (per applied version: mismatches, generations, labels).
 
@@ -140,7 +161,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
 
     ensure_env_secret()  # before the trainers and the engine's workers start: all share it
     workdir = Path(workdir)
-    overrides = MEGATRON_OVERRIDES[kind] if trainer_kind == "megatron" else {}
+    overrides = {**MODEL_OVERRIDES[kind], **(MEGATRON_OVERRIDES[kind] if trainer_kind == "megatron" else {})}
     model_dir = write_model(workdir / "v0", kind, **overrides)
     (model_dir / "greedy.json").write_text("null")
     for mode in modes:  # for `weightbridge diff` against the probe cache afterwards
