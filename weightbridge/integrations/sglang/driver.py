@@ -125,6 +125,17 @@ class HTTPClient:
         self._call("/update_weight_version", {"new_version": label, "abort_all_requests": False})
 
 
+def client_for(engine: Any) -> Any:
+    """A URL -> :class:`HTTPClient`; an ``sglang.Engine`` -> :class:`EngineClient`; an object that
+    already has the client methods (``begin``, ``load``, ``end``, ``weight_version``,
+    ``set_weight_version``, ``tp_size``) is used as it is (another transport, or a test)."""
+    if isinstance(engine, str):
+        return HTTPClient(engine)
+    if all(hasattr(engine, a) for a in ("begin", "load", "end", "weight_version", "set_weight_version", "tp_size")):
+        return engine
+    return EngineClient(engine)
+
+
 class SGLangWeightSync:
     """Connects one SGLang engine (one rollout instance of the spec) to the bridge."""
 
@@ -160,7 +171,7 @@ class SGLangWeightSync:
         is_file = "\n" not in str(spec) and path.is_file()
         text = path.read_text() if is_file else str(spec)
         self.resolved = load_spec(path if is_file else text)  # fails here, with file:line, before any call
-        self.client = HTTPClient(engine) if isinstance(engine, str) else EngineClient(engine)
+        self.client = client_for(engine)
         self.instance = instance
         self.prefix = options.prefix
         self.flush_cache = flush_cache
