@@ -3,7 +3,7 @@
 Each case runs :mod:`weightbridge.testing.sglang_selfcheck` in a subprocess (SGLang spawns its
 scheduler processes, so the driver must be a ``__main__``): 2 FSDP2 trainer ranks (Gloo, real AdamW
 steps) push through weightbridge into an SGLang engine at TP 1 or 2, dense (tied, padded vocab, KV
-heads replicated at TP 2) and MoE (``mlp.experts.w13_weight`` / ``w2_weight``), in sync then async
+heads split at TP 2) and MoE (``mlp.experts.w13_weight`` / ``w2_weight``), in sync then async
 mode; ``sglang.Engine`` in three cases, ``python -m sglang.launch_server`` (HTTP) in one. Asserted
 per applied version: every SGLang parameter bitwise equal to SGLang's own load (+ post-processing)
 of the trainer's full checkpoint, greedy tokens equal to the trainer's HF model, SGLang's

@@ -33,11 +33,14 @@ from weightbridge.testing.vllm_selfcheck import (
     write_model,
 )
 
-# SGLang on CPU pads MoE (and dense) intermediate sizes to a multiple of tp * 32 when they are not
-# (``adjust_config_with_unaligned_cpu_tp``: a CPU-only config change, absent on GPU); the bundled
-# tiny MoE has moe_intermediate_size 32, so at TP 2 rank 1 would hold only padding. The selfcheck's
-# MoE uses 64 (32 per rank at TP 2): the layout SGLang has on GPU, which the ``sglang`` preset describes.
-MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {}, "qwen3-moe": {"moe_intermediate_size": 64}}
+# SGLang on CPU (only there: ``adjust_config_with_unaligned_cpu_tp``) pads what does not divide
+# evenly instead of replicating or splitting it as on GPU: KV heads to a multiple of tp (with the
+# query heads to match), MoE and dense intermediate sizes to a multiple of tp * 32. Then a rank can
+# hold only padding, and the layout is not the GPU layout the ``sglang`` preset describes. The
+# selfcheck's models are chosen so that nothing is padded at TP 1 and 2: 2 KV heads for the dense
+# model (the bundled one has 1), moe_intermediate_size 64 for the MoE (bundled: 32).
+MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2},
+                                              "qwen3-moe": {"moe_intermediate_size": 64}}
 
 ENGINE_ARGS: dict[str, Any] = dict(
     device="cpu", dtype="float32", attention_backend="torch_native", sampling_backend="pytorch",

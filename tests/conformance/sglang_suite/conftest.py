@@ -14,11 +14,11 @@ def wb_sglang_model(tmp_path_factory):
 
 @pytest.fixture
 def wb_spec(wb_sglang_model, tmp_path_factory):
-    """FSDP2 dp 2 (float32) -> 2 SGLang engines of TP 1 (the suite writes each run's sync section)."""
+    """FSDP2 dp 2 (float32) -> 1 SGLang engine of TP 1 (the suite writes each run's sync section)."""
     from weightbridge.testing.sglang_selfcheck import spec_text
 
     path = tmp_path_factory.mktemp("sglang-spec") / "weightbridge.yaml"
-    path.write_text(spec_text("qwen2", wb_sglang_model, tp=1, mode="sync", instances=2))
+    path.write_text(spec_text("qwen2", wb_sglang_model, tp=1, mode="sync", instances=1))
     return path
 
 
