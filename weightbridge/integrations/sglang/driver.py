@@ -85,7 +85,7 @@ class HTTPClient:
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self.tp_size = int(self._request("GET", "/get_server_info")["tp_size"])
+        self.tp_size = int(self._request("GET", "/server_info")["tp_size"])
         self.where = self.url
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -119,7 +119,7 @@ class HTTPClient:
         return self._call("/end_weight_update", {})
 
     def weight_version(self) -> str | None:
-        return self._request("GET", "/get_model_info").get("weight_version")
+        return self._request("GET", "/model_info").get("weight_version")
 
     def set_weight_version(self, label: str) -> None:
         self._call("/update_weight_version", {"new_version": label, "abort_all_requests": False})
