@@ -169,3 +169,21 @@ def test_the_worker_entry_point_never_raises_and_answers_with_the_error(tmp_path
                        host="127.0.0.1", port=1)
     worker.load(model, [(encode(bad_init), torch.empty(0))])
     assert read_reply(tmp_path, 10, 1)["error"]["type"].endswith(":SpecErrors")
+
+
+def test_a_pickled_test_hook_is_refused_unless_the_engine_allows_it(tmp_path, monkeypatch):
+    """Commands arrive through SGLang's admin API: an init carrying a pickle must not run it."""
+    import base64
+
+    import torch
+
+    from weightbridge.integrations.sglang import worker
+    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": 0, "tp": 1, "pp": 1, "ep": 1})
+    monkeypatch.setattr(worker, "_RECEIVER", None)
+    monkeypatch.delenv(worker.TEST_HOOKS_ENV, raising=False)
+    evil = base64.b64encode(pickle.dumps(print)).decode()
+    cmd = Command(op="init", seq=1, reply_dir=str(tmp_path), spec=SPEC, host="127.0.0.1", port=1, probe="off",
+                  on_round=evil)
+    worker.load(torch.nn.Linear(2, 2), [(encode(cmd), torch.empty(0))])
+    err = read_reply(tmp_path, 1, 0)["error"]
+    assert err["type"] == "builtins:PermissionError" and worker.TEST_HOOKS_ENV in err["message"]

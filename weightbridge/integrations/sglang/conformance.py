@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ class SGLangRolloutUnit:
         if multiprocessing.current_process().daemon:  # SGLang starts its schedulers with multiprocessing
             multiprocessing.current_process().daemon = False
         self._watchdog = _start_watchdog()  # before SGLang starts any process
+        from weightbridge.integrations.sglang.worker import TEST_HOOKS_ENV
+
+        os.environ[TEST_HOOKS_ENV] = "1"  # the suite's fault hook travels pickled to the workers
         self.engine: Any = make_engine(model_dir_of(ctx.spec_path), tp, **engine_kwargs)
         try:
             kw = dict(ctx.bridge_kwargs())

@@ -37,6 +37,7 @@ from weightbridge.integrations.sglang.commands import Command, CommandError, dec
 log = logging.getLogger(__name__)
 
 _RECEIVER: Receiver | None = None  # one per SGLang worker process
+TEST_HOOKS_ENV = "WEIGHTBRIDGE_SGLANG_TEST_HOOKS"  # "1": accept the pickled on_round test hook
 
 
 class EngineMismatch(BridgeError):
@@ -123,6 +124,18 @@ class Receiver:
         self.last_error: BaseException | None = None
         self.history: list[int] = []
         self.timings: dict[str, float] = {}
+        on_round = None
+        if cmd.on_round:  # test hook (the conformance suite's fault injection); see SGLangWeightSync
+            import base64
+            import os
+            import pickle
+
+            # Unpickling runs code, and commands arrive through SGLang's admin API (HTTP too): only
+            # an engine started with the hook switched on in its environment accepts one.
+            if os.environ.get(TEST_HOOKS_ENV) != "1":
+                raise PermissionError(f"{self.me}: init carries an on_round test hook; refused unless the engine's "
+                                      f"environment has {TEST_HOOKS_ENV}=1 (tests only: it unpickles)")
+            on_round = pickle.loads(base64.b64decode(cmd.on_round))
         if not cmd.spec or cmd.host is None or cmd.port is None:
             raise ValueError("init needs spec, host and port")
         resolved, problems = check_text(cmd.spec, cmd.spec_name, Path(cmd.base_dir) if cmd.base_dir else None)
@@ -146,12 +159,6 @@ class Receiver:
         with torch.no_grad():  # start from what the engine serves: an apply before any push changes nothing
             for name, buf in self.buffers.items():
                 buf.copy_(params[name])
-        on_round = None
-        if cmd.on_round:  # test hook (the conformance suite's fault injection); see SGLangWeightSync
-            import base64
-            import pickle
-
-            on_round = pickle.loads(base64.b64decode(cmd.on_round))
         self.bridge = RolloutBridge.from_spec(
             resolved, rank=layout.rank, tensors=self.buffers, host=cmd.host, port=cmd.port, staging=cmd.staging,
             options=BridgeOptions(prefix=cmd.prefix, on_round=on_round),
