@@ -44,6 +44,12 @@ TIMEOUT_S = 300.0
 METHODS = ("wb_sync", "wb_async", "distributed", "disk")
 
 
+def _ok(result: Any, what: str) -> None:
+    """SGLang's Engine calls answer (success, message[, ...])."""
+    if not result[0]:
+        raise RuntimeError(f"{what} failed: {result[1]}")
+
+
 def trainer_rank(job: dict[str, Any]) -> dict[str, list[float]]:
     """One FSDP2 trainer rank (launched by name); paced by the driver through store keys."""
     import torch
@@ -194,6 +200,7 @@ def main() -> int:
                 if rep:
                     rows[f"wb_{mode}"]["pause_s"].append(pause)
                 problems += [f"wb_{mode} v{v}: {p}" for p in sync.check(work / f"v{v}")]
+                print(f"[bench] wb_{mode} v{v}: pause {pause:.3f} s", file=sys.stderr, flush=True)
             if mode == "async":
                 checker = sync
             else:
@@ -210,32 +217,33 @@ def main() -> int:
             shapes.append(list(t.shape))
         del ref
         go("group")
-        ok, msg = engine.init_weights_update_group("127.0.0.1", group_port, 1, 1 + args.tp, "wb-bench", backend="gloo")
-        assert ok, msg
+        _ok(engine.init_weights_update_group("127.0.0.1", group_port, 1, 1 + args.tp, "wb-bench", backend="gloo"),
+            "init_weights_update_group")
         for rep in range(args.reps + 1):
             v += 1
             t0 = time.perf_counter()
-            ok, msg = engine.begin_weight_update()
-            assert ok, msg
+            _ok(engine.begin_weight_update(), "begin_weight_update")
             go(f"distributed/{v}")
-            ok, msg = engine.update_weights_from_distributed(names, dtypes, shapes, group_name="wb-bench")
-            assert ok, msg
-            ok, msg = engine.end_weight_update()
-            assert ok, msg
+            _ok(engine.update_weights_from_distributed(names, dtypes, shapes, group_name="wb-bench"),
+                "update_weights_from_distributed")
+            _ok(engine.end_weight_update(), "end_weight_update")
             pause = time.perf_counter() - t0
             stats = done(f"distributed/{v}")
+            print(f"[bench] distributed v{v}: pause {pause:.3f} s, update {stats['update_s']:.3f} s", file=sys.stderr,
+                  flush=True)
             if rep:
                 rows["distributed"]["pause_s"].append(pause)
                 rows["distributed"]["update_s"].append(stats["update_s"])
-            problems += [f"distributed v{v}: {p}" for p in checker.check(work / f"v{v}") if "checkpoint format" not in p]
+            problems += [f"distributed v{v}: {p}" for p in checker.check(work / f"v{v}")
+                         if "checkpoint format" not in p]
         for rep in range(args.reps + 1):
             v += 1
             go(f"disk/{v}")
             stats = done(f"disk/{v}")
             t0 = time.perf_counter()
-            ok, msg = engine.update_weights_from_disk(str(work / f"v{v}"))
-            assert ok, msg
+            _ok(engine.update_weights_from_disk(str(work / f"v{v}")), "update_weights_from_disk")
             pause = time.perf_counter() - t0
+            print(f"[bench] disk v{v}: pause {pause:.3f} s", file=sys.stderr, flush=True)
             if rep:
                 rows["disk"]["pause_s"].append(pause)
                 rows["disk"]["update_s"].append(stats["update_s"] + pause)

@@ -67,7 +67,8 @@ def cpu_env(tp: int) -> None:
     spec = importlib.util.find_spec("sglang")
     if spec is not None and spec.origin and "SGLANG_DISABLED_MODEL_ARCHS" not in os.environ:
         models = Path(spec.origin).parent / "srt" / "models"
-        skip = sorted(p.stem for p in models.glob("*.py") if p.stem not in KEEP_MODEL_MODULES | {"__init__", "registry"})
+        keep = KEEP_MODEL_MODULES | {"__init__", "registry"}
+        skip = sorted(p.stem for p in models.glob("*.py") if p.stem not in keep)
         os.environ["SGLANG_DISABLED_MODEL_ARCHS"] = ",".join(skip)
 
 

@@ -19,10 +19,10 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 class TestSGLangConformance(ConformanceSuite):
-    # One engine per scenario: an SGLang start costs 25-150 s on CI's 2 cores, and a second instance
+    # One engine per scenario: an SGLang start costs 25-150 s on 2 shared cores, and a second instance
     # would double every scenario. Late joining is the bridge's membership protocol, the same for
     # every engine (the vLLM self-application runs it with two engines).
-    known_gaps = {"membership.late-joiner.receives": "one SGLang instance per scenario (CI time); "
+    known_gaps = {"membership.late-joiner.receives": "one SGLang instance per scenario (machine time); "
                                                      "needs >= 2 instances"}
     timeout_s = 10.0
     startup_s = 300.0  # an SGLang engine start (scheduler process, loader probe) on a small, shared CPU machine

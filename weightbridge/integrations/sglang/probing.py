@@ -102,7 +102,8 @@ def probe_sglang_worker(model: torch.nn.Module, canonical: Any, layout: RankLayo
         del copy
 
 
-def check_against_engine(receiver: Any, resolved: Any, layout: RankLayout, *, cache_dir: str | None = None) -> RankLayout:
+def check_against_engine(receiver: Any, resolved: Any, layout: RankLayout, *,
+                         cache_dir: str | None = None) -> RankLayout:
     """Probe (or read the cached probe of) this worker's loader; raise ``EngineMismatch`` unless it
     equals the spec's layout for this rank and any pinned fingerprint. Returns the probed layout."""
     from weightbridge.integrations.sglang.worker import EngineMismatch
