@@ -84,8 +84,9 @@ class FakeClient:
                 if self.error is not None:
                     reply["error"] = error_data(self.error)
                 else:
-                    _ack(self.store, tp, self.applies if self.applies is not None else cmd.version)
-            write_reply(cmd.reply_dir, cmd.seq, tp, reply)
+                    reply["version"] = self.applies if self.applies is not None else cmd.version
+            if cmd.reply_dir:
+                write_reply(cmd.reply_dir, cmd.seq, tp, reply)
         return True, "Success"
 
     def weight_version(self):
@@ -110,6 +111,17 @@ def test_an_update_labels_sglang_with_the_applied_version():
     assert sync.update() is None and sync.version is None  # nothing staged: no session at all
     assert sync.update(3) == 3 and sync.version == 3
     assert client.label == "3" and ("label", "3") not in client.calls  # sent with the update itself
+
+
+def test_without_replies_the_driver_reads_the_applied_acks():
+    store = _store()
+    client = FakeClient(store)
+    from weightbridge.integrations.sglang.driver import SGLangWeightSync
+
+    sync = SGLangWeightSync(client, SPEC, host="127.0.0.1", port=store.port, probe="off", reply_dir=None)
+    _ack(store, 0, 2)
+    _ack(store, 1, 2)
+    assert sync.staged() is None and sync.update(2) == 2 and client.label == "2"
 
 
 def test_a_newer_applied_version_relabels_sglang():

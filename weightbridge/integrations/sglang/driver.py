@@ -248,12 +248,12 @@ class SGLangWeightSync:
                 return None
         label = str(want)
         try:
-            self.call("update", version=want, timeout_s=float(timeout_s or self.timeout_s), weight_version=label,
-                      flush_cache=self.flush_cache)
+            replies = self.call("update", version=want, timeout_s=float(timeout_s or self.timeout_s),
+                                weight_version=label, flush_cache=self.flush_cache)
+            applied = self._applied(replies, previous)
         except BaseException:
             self._relabel(label, previous)
             raise
-        applied = self.view.applied()
         self._relabel(label, applied)
         self.version = applied
         if applied is None or (version is not None and applied < version):
@@ -261,6 +261,20 @@ class SGLangWeightSync:
 
             raise ProtocolError(f"rollout instance {self.instance}", f"update({version}) left version {applied} live")
         return applied if (version is not None or applied != previous) else None
+
+    def _applied(self, replies: list[dict[str, Any]], previous: int | None) -> int | None:
+        """What every worker now serves: their replies (each names the version it applied), or, without
+        replies, the instance's applied acks on the control store."""
+        if not replies:
+            return self.view.applied()
+        versions = {r.get("version") for r in replies}
+        if len(versions) != 1:
+            from weightbridge.errors import ProtocolError
+
+            raise ProtocolError(f"rollout instance {self.instance}", f"TP workers applied different versions "
+                                f"{sorted(versions, key=str)}")
+        applied = versions.pop()
+        return previous if applied is None else int(applied)
 
     def _relabel(self, sent: str, served: int | None) -> None:
         """SGLang recorded ``sent`` as its weight version; make it name what is served."""
