@@ -60,6 +60,7 @@ class FakeClient:
 
     def __init__(self, store, applies: int | None = None, error: BaseException | None = None) -> None:
         self.store, self.applies, self.error = store, applies, error
+        self.refuse: str | None = None  # SGLang answers success=False with this message (after the workers ran)
         self.label: str | None = "default"
         self.calls: list[tuple] = []
 
@@ -87,6 +88,8 @@ class FakeClient:
                     reply["version"] = self.applies if self.applies is not None else cmd.version
             if cmd.reply_dir:
                 write_reply(cmd.reply_dir, cmd.seq, tp, reply)
+        if self.refuse is not None:
+            return False, self.refuse
         return True, "Success"
 
     def weight_version(self):
@@ -141,6 +144,18 @@ def test_a_failed_update_raises_the_workers_typed_error_and_keeps_the_old_label(
         sync.update(2)
     assert info.value.rank == "rollout 1"
     assert client.label == "1" and sync.version == 1  # SGLang says what it serves
+
+
+def test_an_update_sglang_reports_failed_after_writing_still_names_what_is_served():
+    from weightbridge.integrations.sglang.driver import EngineCallFailed
+
+    store = _store()
+    client = FakeClient(store)
+    sync = _sync(client, store)
+    client.refuse = "Weights were updated, but the cache was not flushed because requests are still running"
+    with pytest.raises(EngineCallFailed, match="cache was not flushed"):
+        sync.update(6)
+    assert sync.version == 6 and client.label == "6"  # the workers wrote version 6: say so
 
 
 def test_commands_round_trip_and_reject_foreign_or_invalid_payloads():

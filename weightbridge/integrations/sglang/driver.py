@@ -35,6 +35,15 @@ from weightbridge.integrations.sglang.commands import Command, encode, read_repl
 log = logging.getLogger(__name__)
 
 
+class EngineCallFailed(RuntimeError):
+    """SGLang answered a weight-update call with ``success=False`` (e.g. the KV cache could not be
+    flushed because requests are running: the weights *were* written). ``replies``: the workers'."""
+
+    def __init__(self, message: str, replies: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.replies = replies
+
+
 def payload(cmd: Command) -> bytes:
     """One TP rank's ``update_weights_from_tensor`` entry: the command as the name, an empty tensor
     (plain pickle: no shared memory, so it also crosses an HTTP request)."""
@@ -199,7 +208,7 @@ class SGLangWeightSync:
              **fields: Any) -> list[dict[str, Any]]:
         """Send one command to every TP worker (one SGLang weight-update session); their replies in
         TP-rank order (empty without ``reply_dir``). Raises the first worker's typed error."""
-        from weightbridge.errors import ProtocolError, error_from_data
+        from weightbridge.errors import error_from_data
 
         self._seq += 1
         cmd = Command(op=op, seq=self._seq, reply_dir=None if self.reply_dir is None else str(self.reply_dir), **fields)
@@ -210,23 +219,31 @@ class SGLangWeightSync:
             ok, message = self.client.load(payload(cmd), flush_cache=flush_cache, weight_version=weight_version)
         finally:
             ok_end, message_end = self.client.end()
-        if not ok:
-            raise RuntimeError(f"{self.client.where}: update_weights_from_tensor ({op}) failed: {message}")
-        if not ok_end:
-            raise RuntimeError(f"{self.client.where}: end_weight_update failed: {message_end}")
-        if self.reply_dir is None:
-            return []
-        replies = []
-        for tp_rank in range(self.client.tp_size):
-            reply = read_reply(self.reply_dir, self._seq, tp_rank)
-            if reply is None:
-                raise ProtocolError(f"rollout instance {self.instance}", f"SGLang TP rank {tp_rank} did not answer "
-                                    f"{op} #{self._seq} in {self.reply_dir} (is it on this host's filesystem?)")
-            replies.append(reply)
+        replies = self._replies(op, every=ok) if self.reply_dir is not None else []
         if raise_errors:
             for reply in replies:
                 if reply.get("error") is not None:
                     raise error_from_data(reply["error"])
+        if not ok:
+            raise EngineCallFailed(f"{self.client.where}: update_weights_from_tensor ({op}) failed: {message}", replies)
+        if not ok_end:
+            raise EngineCallFailed(f"{self.client.where}: end_weight_update failed: {message_end}", replies)
+        return replies
+
+    def _replies(self, op: str, every: bool = True) -> list[dict[str, Any]]:
+        """The workers' replies to the last command; ``every``: each TP rank must have answered (after
+        SGLang reported success); else those present (SGLang may have refused before any worker ran)."""
+        from weightbridge.errors import ProtocolError
+
+        replies = []
+        for tp_rank in range(self.client.tp_size):
+            reply = read_reply(self.reply_dir, self._seq, tp_rank)
+            if reply is None and not every:
+                continue
+            if reply is None:
+                raise ProtocolError(f"rollout instance {self.instance}", f"SGLang TP rank {tp_rank} did not answer "
+                                    f"{op} #{self._seq} in {self.reply_dir} (is it on this host's filesystem?)")
+            replies.append(reply)
         return replies
 
     def staged(self) -> int | None:
@@ -251,6 +268,10 @@ class SGLangWeightSync:
             replies = self.call("update", version=want, timeout_s=float(timeout_s or self.timeout_s),
                                 weight_version=label, flush_cache=self.flush_cache)
             applied = self._applied(replies, previous)
+        except EngineCallFailed as exc:  # SGLang's own step failed after the workers wrote (or not)
+            self.version = self._applied(exc.replies, previous)
+            self._relabel("", self.version)
+            raise
         except BaseException:
             self._relabel(label, previous)
             raise
