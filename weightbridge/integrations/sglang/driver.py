@@ -163,6 +163,7 @@ class SGLangWeightSync:
         options: Any = None,
         reply_dir: str | Path | None = "auto",
         flush_cache: bool = True,
+        api_key: str | None = None,
     ) -> None:
         """``engine``: an ``sglang.Engine`` (started with ``custom_weight_loader=[LOADER]``) or the URL
         of an SGLang HTTP server (started with ``--custom-weight-loader LOADER``). ``options``: the
@@ -170,7 +171,8 @@ class SGLangWeightSync:
         test hook sent pickled to the workers; no ``data_plane``). ``reply_dir``: where the workers
         write their replies ("auto": a fresh temporary directory, right when the engine runs on
         this host; None: no replies, failures are then known only from the versions on the control
-        store). ``flush_cache``: SGLang's flush of the KV cache after each applied update."""
+        store). ``flush_cache``: SGLang's flush of the KV cache after each applied update. ``api_key``:
+        the HTTP server's admin key (``--admin-api-key``), sent as a bearer token."""
         from weightbridge.bridge import BridgeOptions, InstanceView, load_spec
 
         options = options if options is not None else BridgeOptions()
@@ -180,7 +182,7 @@ class SGLangWeightSync:
         is_file = "\n" not in str(spec) and path.is_file()
         text = path.read_text() if is_file else str(spec)
         self.resolved = load_spec(path if is_file else text)  # fails here, with file:line, before any call
-        self.client = client_for(engine)
+        self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
         self.instance = instance
         self.prefix = options.prefix
         self.flush_cache = flush_cache
