@@ -1,0 +1,37 @@
+"""Fixtures that describe weightbridge's own SGLang integration to the conformance suite."""
+
+import pytest
+import wbconf_sglang_sides
+
+
+@pytest.fixture(scope="session")
+def wb_sglang_model(tmp_path_factory):
+    """The bundled tiny-qwen2-vllm as a float32 HF checkpoint (random init), written once per session."""
+    from weightbridge.testing.vllm_selfcheck import write_model
+
+    return write_model(tmp_path_factory.mktemp("tiny-qwen2-sglang"), "qwen2")
+
+
+@pytest.fixture
+def wb_spec(wb_sglang_model, tmp_path_factory):
+    """FSDP2 dp 2 (float32) -> 1 SGLang engine of TP 1 (the suite writes each run's sync section)."""
+    from weightbridge.testing.sglang_selfcheck import spec_text
+
+    path = tmp_path_factory.mktemp("sglang-spec") / "weightbridge.yaml"
+    path.write_text(spec_text("qwen2", wb_sglang_model, tp=1, mode="sync", instances=1))
+    return path
+
+
+@pytest.fixture
+def wb_trainer():
+    return wbconf_sglang_sides.QwenFSDP2TrainerRank
+
+
+@pytest.fixture
+def wb_rollout():
+    return "weightbridge.integrations.sglang.conformance:build_rollout"
+
+
+@pytest.fixture
+def wb_rollout_scope():
+    return "instance"

@@ -1,0 +1,216 @@
+"""The SGLang driver's, commands' and worker entry point's own logic, without SGLang (fake client).
+
+The real paths run in ``test_sglang_integration.py`` (real SGLang engines, CI's SGLang phase).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weightbridge.errors import DeadlineExceeded, error_data
+from weightbridge.integrations.sglang.commands import (
+    PREFIX,
+    Command,
+    CommandError,
+    decode,
+    encode,
+    read_reply,
+    write_reply,
+)
+from weightbridge.sync.messages import Ack, Keys
+from weightbridge.sync.messages import encode as encode_message
+from weightbridge.transport.store import open_store
+
+SPEC = """version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: fsdp2, mesh: {dp: 2}}
+rollout: {preset: sglang, instances: 1, mesh: {tp: 2}}
+sync: {mode: sync, timeout_s: 5}
+"""
+
+
+_STORES: list = []  # kept alive: a freed port reused by the next test's store would meet the last test's readers
+
+
+def _store():
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    _STORES.append(store)
+    return store
+
+
+def _ack(store, rank: int, version: int) -> None:
+    """An ack as a rollout rank writes it: sealed with the job secret (tests/conftest.py sets one)."""
+    from weightbridge.sync.auth import signer_from_env
+
+    key = Keys("wb").ack("applied", rank)
+    store.set(key, signer_from_env().seal(key, encode_message(Ack(rank=rank, version=version, seq=version, epoch=1,
+                                                                         stage="applied"))))
+
+
+class FakeClient:
+    """The client interface of SGLangWeightSync; its 'workers' answer as scripted."""
+
+    tp_size = 2
+    where = "fake SGLang"
+
+    def __init__(self, store, applies: int | None = None, error: BaseException | None = None) -> None:
+        self.store, self.applies, self.error = store, applies, error
+        self.refuse: str | None = None  # SGLang answers success=False with this message (after the workers ran)
+        self.label: str | None = "default"
+        self.calls: list[tuple] = []
+
+    def begin(self):
+        self.calls.append(("begin",))
+        return True, "Success"
+
+    def end(self):
+        self.calls.append(("end",))
+        return True, "Success"
+
+    def load(self, data: bytes, *, flush_cache: bool, weight_version: str | None):
+        [(name, tensor)] = pickle.loads(data)
+        assert tensor.numel() == 0
+        cmd = decode(name)
+        self.calls.append(("load", cmd.op, weight_version))
+        if weight_version is not None:  # SGLang records the label of a successful call
+            self.label = weight_version
+        for tp in range(self.tp_size):
+            reply = {"op": cmd.op, "error": None}
+            if cmd.op == "update":
+                if self.error is not None:
+                    reply["error"] = error_data(self.error)
+                else:
+                    reply["version"] = self.applies if self.applies is not None else cmd.version
+            if cmd.reply_dir:
+                write_reply(cmd.reply_dir, cmd.seq, tp, reply)
+        if self.refuse is not None:
+            return False, self.refuse
+        return True, "Success"
+
+    def weight_version(self):
+        return self.label
+
+    def set_weight_version(self, label: str) -> None:
+        self.calls.append(("label", label))
+        self.label = label
+
+
+def _sync(client, store):
+    from weightbridge.integrations.sglang.driver import SGLangWeightSync
+
+    return SGLangWeightSync(client, SPEC, host="127.0.0.1", port=store.port, probe="off")
+
+
+def test_an_update_labels_sglang_with_the_applied_version():
+    store = _store()
+    client = FakeClient(store)
+    sync = _sync(client, store)
+    assert client.calls[:3] == [("begin",), ("load", "init", None), ("end",)]
+    assert sync.update() is None and sync.version is None  # nothing staged: no session at all
+    assert sync.update(3) == 3 and sync.version == 3
+    assert client.label == "3" and ("label", "3") not in client.calls  # sent with the update itself
+
+
+def test_without_replies_the_driver_reads_the_applied_acks():
+    store = _store()
+    client = FakeClient(store)
+    from weightbridge.integrations.sglang.driver import SGLangWeightSync
+
+    sync = SGLangWeightSync(client, SPEC, host="127.0.0.1", port=store.port, probe="off", reply_dir=None)
+    _ack(store, 0, 2)
+    _ack(store, 1, 2)
+    assert sync.staged() is None and sync.update(2) == 2 and client.label == "2"
+
+
+def test_a_newer_applied_version_relabels_sglang():
+    store = _store()
+    client = FakeClient(store, applies=5)  # async: a newer version completed meanwhile
+    sync = _sync(client, store)
+    assert sync.update(4) == 5 and client.label == "5" and client.calls[-1] == ("label", "5")
+
+
+def test_a_failed_update_raises_the_workers_typed_error_and_keeps_the_old_label():
+    store = _store()
+    client = FakeClient(store)
+    sync = _sync(client, store)
+    assert sync.update(1) == 1
+    client.error = DeadlineExceeded("rollout 1", "version 2 staged on every rank", 5.0)
+    with pytest.raises(DeadlineExceeded, match="version 2 staged") as info:
+        sync.update(2)
+    assert info.value.rank == "rollout 1"
+    assert client.label == "1" and sync.version == 1  # SGLang says what it serves
+
+
+def test_an_update_sglang_reports_failed_after_writing_still_names_what_is_served():
+    from weightbridge.integrations.sglang.driver import EngineCallFailed
+
+    store = _store()
+    client = FakeClient(store)
+    sync = _sync(client, store)
+    client.refuse = "Weights were updated, but the cache was not flushed because requests are still running"
+    with pytest.raises(EngineCallFailed, match="cache was not flushed"):
+        sync.update(6)
+    assert sync.version == 6 and client.label == "6"  # the workers wrote version 6: say so
+
+
+def test_commands_round_trip_and_reject_foreign_or_invalid_payloads():
+    cmd = Command(op="update", seq=3, version=7, timeout_s=1.5, reply_dir="/tmp/x")
+    assert decode(encode(cmd)) == cmd
+    for bad in ["model.layers.0.mlp.gate_up_proj.weight", PREFIX + "{", PREFIX + '{"op": "rm -rf"}',
+                PREFIX + '{"op": "update", "version": -1}', PREFIX + '{"op": "init", "evil": 1}', 42,
+                PREFIX + "x" * (5 << 20)]:
+        with pytest.raises(CommandError):
+            decode(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=300), st.text(max_size=300).map(lambda s: PREFIX + s),
+                 st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=10), max_size=5)
+                 .map(lambda d: PREFIX + json.dumps({"op": "update", **d}))))
+def test_any_payload_name_is_a_command_or_a_command_error(name):
+    try:
+        assert isinstance(decode(name), Command)
+    except CommandError:
+        pass
+
+
+def test_the_worker_entry_point_never_raises_and_answers_with_the_error(tmp_path, monkeypatch):
+    import torch
+
+    from weightbridge.integrations.sglang import worker
+
+    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": 1, "tp": 2, "pp": 1, "ep": 1})
+    monkeypatch.setattr(worker, "_RECEIVER", None)
+    model = torch.nn.Linear(2, 2)
+    worker.load(model, [("not-a-command", torch.empty(0)), (PREFIX + "{", torch.empty(0))])  # logged only
+    worker.load(model, [(encode(Command(op="update", seq=9, version=1, reply_dir=str(tmp_path))), torch.empty(0))])
+    reply = read_reply(tmp_path, 9, 1)
+    assert reply["op"] == "update" and reply["tp_rank"] == 1
+    assert reply["error"]["type"] == "builtins:RuntimeError" and "not initialised" in reply["error"]["message"]
+    bad_init = Command(op="init", seq=10, reply_dir=str(tmp_path), spec="version: 1\nmodel: {bundled: nope}\n",
+                       host="127.0.0.1", port=1)
+    worker.load(model, [(encode(bad_init), torch.empty(0))])
+    assert read_reply(tmp_path, 10, 1)["error"]["type"].endswith(":SpecErrors")
+
+
+def test_a_pickled_test_hook_is_refused_unless_the_engine_allows_it(tmp_path, monkeypatch):
+    """Commands arrive through SGLang's admin API: an init carrying a pickle must not run it."""
+    import base64
+
+    import torch
+
+    from weightbridge.integrations.sglang import worker
+    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": 0, "tp": 1, "pp": 1, "ep": 1})
+    monkeypatch.setattr(worker, "_RECEIVER", None)
+    monkeypatch.delenv(worker.TEST_HOOKS_ENV, raising=False)
+    evil = base64.b64encode(pickle.dumps(print)).decode()
+    cmd = Command(op="init", seq=1, reply_dir=str(tmp_path), spec=SPEC, host="127.0.0.1", port=1, probe="off",
+                  on_round=evil)
+    worker.load(torch.nn.Linear(2, 2), [(encode(cmd), torch.empty(0))])
+    err = read_reply(tmp_path, 1, 0)["error"]
+    assert err["type"] == "builtins:PermissionError" and worker.TEST_HOOKS_ENV in err["message"]
