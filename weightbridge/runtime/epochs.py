@@ -126,9 +126,9 @@ class Endpoint:
         peer published there (e.g. the receiver's ``ChecksumError`` behind this rank's
         ``PeerDisconnected``), looked for up to ``CAUSE_WAIT_S``; else ``exc`` itself."""
         from weightbridge.runtime.coordinator import root_cause
-        from weightbridge.transport.errors import ChecksumError, TransportError
+        from weightbridge.transport.errors import RECEIVER_FINDINGS, TransportError
 
-        if not isinstance(exc, TransportError) or isinstance(exc, ChecksumError):
+        if not isinstance(exc, TransportError) or isinstance(exc, RECEIVER_FINDINGS):
             return exc  # not a symptom (or this rank's own finding)
         deadline = time.monotonic() + min(CAUSE_WAIT_S, self.timeout_s / 4)
         while True:
