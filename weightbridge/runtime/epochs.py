@@ -80,10 +80,10 @@ class Endpoint:
                                receiver_dedup=sync.receiver_dedup)
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
             transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
-            signer=self.signer,
+            signer=self.signer, delta=sync.delta,
         )
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
-        self.wire = f"checksums={sync.checksums}"
+        self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
         self.nonce = uuid.uuid4().hex
         self.dtypes, self.dtype_diffs = actual_dtypes(self.layout, tensors)

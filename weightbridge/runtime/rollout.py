@@ -311,14 +311,15 @@ class RolloutBridge(Endpoint):
             with torch.no_grad():
                 run: RunStats = self.data_plane.run(
                     plan, side=ROLLOUT, rank=self.plan_rank, tensors=dst, dst=dst, tag=f"v{ann.version}",
-                    on_round=self.on_round,
+                    on_round=self.on_round, version=ann.version,
                 )
             with self._lock:
                 self._staged = ann
                 if self._staging is None:
                     self._torn = None
             self.last_receive = ReceiveStats(ann.version, ann.seq, ann.epoch, run.bytes_received, run.seconds,
-                                             self._staging is not None)
+                                             self._staging is not None,
+                                             run.wire_received if run.wire_received >= 0 else run.bytes_received)
             self._ack(board, "staged", ann)
         except BaseException as exc:
             cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
