@@ -189,13 +189,22 @@ class Encoded(NamedTuple):
     elements: int
 
 
+class _Piece(NamedTuple):
+    """The changed elements of one piece of a block that a difference code cannot carry (|d| > 7): their
+    new bytes (``(n, itemsize)`` uint8 rows) and which of them d8 cannot carry either (|d| > 127)."""
+
+    rows: torch.Tensor
+    d8: torch.Tensor
+
+
 class _Block(NamedTuple):
-    """What the compare pass keeps of one block: its count, d8 codes (with the D8 sentinel) and either
-    its packed bitmap (dense blocks) or its changed indices as int32 (sparse ones): at most
-    ``elements / 8`` bytes per block either way."""
+    """What the compare pass keeps of one block: its count, d8 codes (with the D8 sentinel), the escapes
+    of each piece, and either its packed bitmap (dense blocks) or its changed indices as int32 (sparse
+    ones): at most ``elements / 8`` bytes per block either way, plus a byte per changed element."""
 
     count: int
     codes: torch.Tensor | None
+    escapes: list[_Piece]
     bits: torch.Tensor | None
     index: torch.Tensor | None  # block-relative
 
@@ -212,35 +221,42 @@ DENSE = 32  # a block with at least 1 in DENSE elements changed keeps its bitmap
 
 
 def _scan(payload: torch.Tensor, cache: torch.Tensor, geo: Geometry) -> _Scan:
-    """Compare ``payload`` with ``cache`` block by block (:class:`_Block`: temporaries of one block, and
-    about ``elements / 8`` bytes plus one byte per changed element kept)."""
+    """Compare ``payload`` with ``cache`` block by block, keeping what encoding needs (:class:`_Block`),
+    and make the cache equal to the payload as it goes (the caller sends either a delta or the full
+    bucket: both leave the receiver holding the payload). Temporaries: one block."""
     blocks = []
     k = raw = esc8 = esc4 = 0
     for pieces in geo.blocks:
         news = [_ints(payload, p) for p in pieces]
-        masks = [a != _ints(cache, p) for a, p in zip(news, pieces)]
+        olds = [_ints(cache, p) for p in pieces]
+        masks = [a != b for a, b in zip(news, olds)]
         mask = torch.cat(masks) if len(masks) > 1 else masks[0]
         index = torch.nonzero(mask).view(-1)
         c = index.numel()
         if not c:
-            blocks.append(_Block(0, None, None, None))
+            blocks.append(_Block(0, None, [], None, None))
             continue
-        block_codes = []
-        for p, a, idx in zip(pieces, news, _split(index, pieces)):
+        block_codes, escapes = [], []
+        for p, a, b, idx in zip(pieces, news, olds, _split(index, pieces)):
             if not idx.numel():
+                escapes.append(_Piece(torch.empty(0, p.itemsize, dtype=torch.uint8), torch.empty(0, dtype=torch.bool)))
                 continue
-            d = dc.differences(a[idx], _ints(cache, p)[idx], p.itemsize)
+            new = a[idx]
+            d = dc.differences(new, b[idx], p.itemsize)
+            _scatter(cache, p, idx, new)
             if d is None:
                 code = torch.full((idx.numel(),), dc.D8_ESC, dtype=torch.int8, device=mask.device)
             else:
                 code = torch.where(d.abs() <= 127, d, dc.D8_ESC).to(torch.int8)
             block_codes.append(code)
-            n8 = int(torch.count_nonzero(code == dc.D8_ESC))
-            n4 = int(torch.count_nonzero((code > 7) | (code < -7)))
-            raw, esc8, esc4 = raw + idx.numel() * p.itemsize, esc8 + n8 * p.itemsize, esc4 + n4 * p.itemsize
+            wide = torch.nonzero((code > 7) | (code < -7)).view(-1)
+            d8 = code[wide] == dc.D8_ESC
+            escapes.append(_Piece(new[wide].view(torch.uint8).view(-1, p.itemsize), d8))
+            n8 = int(torch.count_nonzero(d8))
+            raw, esc8, esc4 = raw + idx.numel() * p.itemsize, esc8 + n8 * p.itemsize, esc4 + wide.numel() * p.itemsize
         codes = torch.cat(block_codes) if len(block_codes) > 1 else block_codes[0]
         dense = c * DENSE >= mask.numel()
-        blocks.append(_Block(c, codes, dc.pack_bits(mask) if dense else None,
+        blocks.append(_Block(c, codes, escapes, dc.pack_bits(mask) if dense else None,
                              None if dense else index.to(torch.int32)))
         k += c
     return _Scan(blocks, k, raw, esc8, esc4)
@@ -268,16 +284,13 @@ def encode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, source, stat
     pos_code, low, pos_bytes = dc.position_sizes(scan.k, geo.elements)
     val_code, val_bytes = dc.value_sizes(scan.k, scan.raw, scan.esc8, scan.esc4)
     length = HEADER_BYTES + pos_bytes + val_bytes
+    state.version = version  # the scan made the cache equal to the payload
     if length >= full.length:
         _auto(state, mode, 1.0)
-        if state.cache is not None:
-            state.cache.copy_(payload)
-            state.version = version
         return _write_full(buf, full, version)
-    sections, n_esc = _sections(payload, cache, geo, scan, pos_code, low, val_code)  # updates the cache
+    sections, n_esc = _sections(payload, geo, scan, pos_code, low, val_code)
     if sum(x.numel() for x in sections) != length - HEADER_BYTES:
         raise AssertionError("delta sizes and sections disagree")
-    state.version = version
     _auto(state, mode, length / full.length)
     off = HEADER_BYTES
     for sec in sections:
@@ -294,9 +307,9 @@ def _escaped(codes: torch.Tensor, val_code: int) -> torch.Tensor:
     return (codes > 7) | (codes < -7)
 
 
-def _sections(payload, cache, geo: Geometry, scan: _Scan, pos_code: int, low: int, val_code: int):
-    """``(sections, escapes)``: positions, then codes and escapes or raw values, gathered from the still
-    intact payload (which the caller then overwrites); the cache becomes the payload (changed elements)."""
+def _sections(payload, geo: Geometry, scan: _Scan, pos_code: int, low: int, val_code: int):
+    """``(sections, escapes)``: positions, then codes and escapes or raw values. Raw values are gathered
+    from the still intact payload (which the caller then overwrites)."""
     dev = payload.device
     positions, bitmap, values, n_esc = [], [], [], 0
     for g, (pieces, blk) in enumerate(zip(geo.blocks, scan.blocks)):
@@ -305,23 +318,24 @@ def _sections(payload, cache, geo: Geometry, scan: _Scan, pos_code: int, low: in
             if pos_code == dc.POS_BITMAP:
                 bitmap.append(torch.zeros(-(-n // 8), dtype=torch.uint8, device=dev))
             continue
-        index = (blk.index.to(torch.int64) if blk.index is not None
-                 else torch.nonzero(dc.unpack_bits(blk.bits, n)).view(-1))
+        index = None
+        if blk.index is not None:
+            index = blk.index.to(torch.int64)
+        elif pos_code == dc.POS_EF or val_code == dc.VAL_RAW:
+            index = torch.nonzero(dc.unpack_bits(blk.bits, n)).view(-1)
         if pos_code == dc.POS_EF:
             positions.append(index + g * BLOCK_ELEMENTS)
         else:
             bitmap.append(blk.bits if blk.bits is not None else dc.set_bits(index, n))
-        o = 0
-        for p, idx in zip(pieces, _split(index, pieces)):
-            if not idx.numel():
-                continue
-            new = _ints(payload, p)[idx]
-            if val_code != dc.VAL_RAW:
-                new = new[_escaped(blk.codes[o : o + idx.numel()], val_code)]
-                n_esc += new.numel()
-            values.append(new.view(torch.uint8))
-            _scatter(cache, p, idx, _ints(payload, p)[idx])
-            o += idx.numel()
+        if val_code == dc.VAL_RAW:
+            for p, idx in zip(pieces, _split(index, pieces)):
+                if idx.numel():
+                    values.append(_ints(payload, p)[idx].view(torch.uint8))
+        else:
+            for esc in blk.escapes:
+                rows = esc.rows if val_code == dc.VAL_D4 else esc.rows[esc.d8]
+                n_esc += rows.shape[0]
+                values.append(rows.reshape(-1))
     if pos_code == dc.POS_BITMAP:
         pos = torch.cat(bitmap) if len(bitmap) > 1 else bitmap[0]
     else:
@@ -406,22 +420,24 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
         need += n_raw * span.itemsize
     if need != stream.numel():
         raise ValueError(f"delta value stream of {stream.numel()} bytes, its elements need {need}")
+    esc_at = None if esc is None else torch.nonzero(esc).view(-1)  # escaped elements, in order
     for i, span, c0, c1, off, n_raw in plan:
         it, s = bucket.items[i], span.itemsize
         idx = positions[c0:c1] - span.elem_off
         shape, dst, wire = box_shape(it.canonical_box), target[it.dst_tensor], torch_dtype(it.dtype)
         raw = stream[off : off + n_raw * s]
         raw = (raw.clone() if raw.storage_offset() % s else raw).view(dc.int_view_dtype(s))
-        if esc is None:
+        if esc_at is None:
+            values = raw
+        elif n_raw == c1 - c0:  # every element escaped
             values = raw
         else:
-            e = esc[c0:c1]
-            keep = ~e
-            values = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).view(dc.int_view_dtype(s)).clone()
-            if bool(keep.any()):
-                if s not in (2, 4):
-                    raise ValueError(f"difference code for {s}-byte elements")
-                values[keep] = dc.apply_differences(values[keep], codes[c0:c1][keep], s)
-            values[e] = raw
+            if s not in (2, 4):
+                raise ValueError(f"difference code for {s}-byte elements")
+            old = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).view(dc.int_view_dtype(s))
+            values = dc.apply_differences(old, codes[c0:c1], s)  # escaped ones are overwritten next
+            if n_raw:
+                e0 = int(torch.searchsorted(esc_at, c0))
+                values[esc_at[e0 : e0 + n_raw] - c0] = raw
         write_elements(dst, it.dst_box, it.dst_transpose, shape, idx, values.view(wire))
     return k

@@ -183,12 +183,14 @@ def check_positions(positions: torch.Tensor, elements: int) -> torch.Tensor:
 
 # -- values ------------------------------------------------------------------------------------
 def _unsigned(values: torch.Tensor, s: int) -> torch.Tensor:
-    return values.to(torch.int64) & ((1 << (8 * s)) - 1)
+    # 2-byte elements fit int32 (half the memory traffic of int64); 4-byte ones need int64
+    wide = torch.int32 if s == 2 else torch.int64
+    return values.to(wide) & ((1 << (8 * s)) - 1)
 
 
 def differences(new: torch.Tensor, old: torch.Tensor, s: int) -> torch.Tensor | None:
-    """``new - old`` of ``s``-byte elements (1-D integer tensors of that size) as unsigned bit patterns,
-    int64; None where differences are not used (s not 2 or 4)."""
+    """``new - old`` of ``s``-byte elements (1-D integer tensors of that size) as unsigned bit patterns
+    (int32 for 2-byte elements, int64 for 4-byte ones); None where differences are not used (s not 2 or 4)."""
     if s not in (2, 4):
         return None
     return _unsigned(new, s) - _unsigned(old, s)
@@ -197,7 +199,7 @@ def differences(new: torch.Tensor, old: torch.Tensor, s: int) -> torch.Tensor | 
 def apply_differences(old: torch.Tensor, diffs: torch.Tensor, s: int) -> torch.Tensor:
     """``old + diffs`` modulo ``2^(8 s)`` (the inverse of :func:`differences`), in ``old``'s integer dtype."""
     bits = 8 * s
-    new = (old.to(torch.int64) + diffs) & ((1 << bits) - 1)
+    new = (_unsigned(old, s) + diffs) & ((1 << bits) - 1)
     new -= (new >> (bits - 1)) << bits  # to two's complement, exactly
     return new.to(old.dtype)
 
