@@ -203,3 +203,9 @@ def test_message_cuts_agree_for_any_length():
             assert cuts[0] == (0, min(cap, wd.FIRST_BYTES))
             assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
             assert cuts[-1][1] == max(length, cuts[0][1])
+
+
+def test_the_cost_model_uses_the_wire_constants():
+    from weightbridge.plan import cost
+
+    assert (cost.DELTA_HEADER_BYTES, cost.DELTA_FIRST_BYTES) == (wd.HEADER_BYTES, wd.FIRST_BYTES)
