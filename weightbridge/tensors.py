@@ -192,7 +192,7 @@ def read_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_sha
                   flat: torch.Tensor) -> torch.Tensor:
     """Elements ``flat`` (canonical row-major indices within the box) of ``box`` of ``tensor``, as a new 1-D tensor."""
     region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
-    return region[idx]
+    return torch.index_select(region, 0, idx[0]) if len(idx) == 1 else region[idx]
 
 
 def write_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_shape: Sequence[int],
@@ -200,7 +200,10 @@ def write_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_sh
     """Write ``values`` (1-D, one per index of ``flat``) into those elements of ``box`` of ``tensor``
     (the inverse of :func:`read_elements`; casts to the tensor's dtype). Touches those elements only."""
     region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
-    region.index_put_(idx, values.to(region.dtype))
+    if len(idx) == 1:
+        region.index_copy_(0, idx[0], values.to(region.dtype))
+    else:
+        region.index_put_(idx, values.to(region.dtype))
 
 
 def apply_local_copies(copies: Iterable, tensors: Mapping[str, torch.Tensor], rank: int | None = None) -> int:

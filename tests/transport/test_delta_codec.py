@@ -56,23 +56,37 @@ def test_positions_round_trip_in_the_smaller_code(case):
 
 
 @SETTINGS
-@given(st.lists(st.integers(-300, 300), max_size=200), st.sampled_from([dc.VAL_D8, dc.VAL_D4]))
-def test_difference_codes_round_trip_with_escapes(diffs, code):
-    d = torch.tensor(diffs, dtype=torch.int64)
-    bound = 127 if code == dc.VAL_D8 else 7
-    esc = d.abs() > bound
-    back = dc.decode_codes(dc.encode_codes(d, esc, code), len(diffs), code)
-    sentinel = dc.D8_ESC if code == dc.VAL_D8 else dc.D4_ESC
-    assert back.tolist() == [sentinel if abs(x) > bound else x for x in diffs]
+@given(st.lists(st.integers(-(2**15), 2**15 - 1), max_size=200), st.sampled_from([dc.VAL_D8, dc.VAL_D4]))
+def test_difference_codes_round_trip_with_escapes(news, code):
+    new = torch.tensor(news, dtype=torch.int16)
+    old = torch.roll(new, 1) if news else new
+    codes = dc.codes8(new, old, 2)
+    back, esc = dc.decode_codes(dc.encode_codes(codes, code), len(news), code)
+    want_esc = dc.escaped8(codes) if code == dc.VAL_D8 else dc.escaped4(codes)
+    assert esc.tolist() == want_esc.tolist()
+    keep = ~esc
+    assert torch.equal(dc.apply_codes(old[keep], back[keep], 2), new[keep])  # every carried code is exact
+    diff = [(a - b + 2**15) % 2**16 - 2**15 for a, b in zip(new.tolist(), old.tolist())]
+    carried = (lambda d: -127 <= d <= 126) if code == dc.VAL_D8 else (lambda d: -7 <= d <= 7)
+    assert esc.tolist() == [not carried(d) for d in diff]
+
+
+def test_d8_code_edges():
+    old = torch.zeros(6, dtype=torch.int16)
+    new = torch.tensor([-128, -127, 126, 127, 7, -8], dtype=torch.int16)
+    codes = dc.codes8(new, old, 2)
+    assert dc.escaped8(codes).tolist() == [True, False, False, True, False, False]
+    assert dc.escaped4(codes).tolist() == [True, True, True, True, False, True]
 
 
 @pytest.mark.parametrize("s,dtype", [(2, torch.int16), (4, torch.int32)])
 def test_differences_wrap_exactly(s, dtype):
     info = torch.iinfo(dtype)
-    old = torch.tensor([info.min, info.max, -1, 0, 5], dtype=dtype)
-    new = torch.tensor([info.max, info.min, 0, -1, 5], dtype=dtype)
-    d = dc.differences(new, old, s)
-    assert torch.equal(dc.apply_differences(old, d, s), new)
+    old = torch.tensor([info.min, info.max, -1, 0, 5, 100], dtype=dtype)
+    new = torch.tensor([info.max, info.min, 0, -1, 5, 3], dtype=dtype)
+    codes = dc.codes8(new, old, s)
+    assert codes.tolist() == [-1, 1, 1, -1, 0, -97]
+    assert torch.equal(dc.apply_codes(old, codes, s), new)
 
 
 # -- whole buckets ----------------------------------------------------------------------------
@@ -209,3 +223,15 @@ def test_the_cost_model_uses_the_wire_constants():
     from weightbridge.plan import cost
 
     assert (cost.DELTA_HEADER_BYTES, cost.DELTA_FIRST_BYTES) == (wd.HEADER_BYTES, wd.FIRST_BYTES)
+
+
+@SETTINGS
+@given(st.integers(1, 20).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.integers(0, 2**w - 1), max_size=70))))
+def test_fixed_width_fields_round_trip_as_a_bit_stream(case):
+    width, vals = case
+    t = torch.tensor(vals, dtype=torch.int64)
+    data = dc.pack_fields(t, width)
+    assert data.numel() == -(-len(vals) * width // 8)
+    bits = dc.unpack_bits(data, len(vals) * width).tolist()
+    assert bits == [(v >> b) & 1 for v in vals for b in range(width)]  # the documented stream
+    assert dc.unpack_fields(data, len(vals), width).tolist() == vals

@@ -199,8 +199,9 @@ class _Piece(NamedTuple):
 
 class _Block(NamedTuple):
     """What the compare pass keeps of one block: its count, d8 codes (with the D8 sentinel), the escapes
-    of each piece, and either its packed bitmap (dense blocks) or its changed indices as int32 (sparse
-    ones): at most ``elements / 8`` bytes per block either way, plus a byte per changed element."""
+    of each piece, and either its packed bitmap (dense blocks) or its changed indices as int32 (up to a
+    quarter of its elements changed): at most a byte per element of the block either way, plus a byte per
+    changed element."""
 
     count: int
     codes: torch.Tensor | None
@@ -217,7 +218,7 @@ class _Scan(NamedTuple):
     esc4: int  # ... d4 cannot carry
 
 
-DENSE = 32  # a block with at least 1 in DENSE elements changed keeps its bitmap instead of its indices
+DENSE = 4  # a block with at least 1 in DENSE elements changed keeps its bitmap instead of its indices
 
 
 def _scan(payload: torch.Tensor, cache: torch.Tensor, geo: Geometry) -> _Scan:
@@ -241,17 +242,13 @@ def _scan(payload: torch.Tensor, cache: torch.Tensor, geo: Geometry) -> _Scan:
             if not idx.numel():
                 escapes.append(_Piece(torch.empty(0, p.itemsize, dtype=torch.uint8), torch.empty(0, dtype=torch.bool)))
                 continue
-            new = a[idx]
-            d = dc.differences(new, b[idx], p.itemsize)
+            new = torch.index_select(a, 0, idx)
+            code = dc.codes8(new, torch.index_select(b, 0, idx), p.itemsize)
             _scatter(cache, p, idx, new)
-            if d is None:
-                code = torch.full((idx.numel(),), dc.D8_ESC, dtype=torch.int8, device=mask.device)
-            else:
-                code = torch.where(d.abs() <= 127, d, dc.D8_ESC).to(torch.int8)
             block_codes.append(code)
-            wide = torch.nonzero((code > 7) | (code < -7)).view(-1)
-            d8 = code[wide] == dc.D8_ESC
-            escapes.append(_Piece(new[wide].view(torch.uint8).view(-1, p.itemsize), d8))
+            wide = torch.nonzero(dc.escaped4(code)).view(-1)
+            d8 = dc.escaped8(torch.index_select(code, 0, wide))
+            escapes.append(_Piece(torch.index_select(new, 0, wide).view(torch.uint8).view(-1, p.itemsize), d8))
             n8 = int(torch.count_nonzero(d8))
             raw, esc8, esc4 = raw + idx.numel() * p.itemsize, esc8 + n8 * p.itemsize, esc4 + wide.numel() * p.itemsize
         codes = torch.cat(block_codes) if len(block_codes) > 1 else block_codes[0]
@@ -301,12 +298,6 @@ def encode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, source, stat
     return Encoded(DELTA, length, scan.k, geo.elements)
 
 
-def _escaped(codes: torch.Tensor, val_code: int) -> torch.Tensor:
-    if val_code == dc.VAL_D8:
-        return codes == dc.D8_ESC
-    return (codes > 7) | (codes < -7)
-
-
 def _sections(payload, geo: Geometry, scan: _Scan, pos_code: int, low: int, val_code: int):
     """``(sections, escapes)``: positions, then codes and escapes or raw values. Raw values are gathered
     from the still intact payload (which the caller then overwrites)."""
@@ -342,10 +333,12 @@ def _sections(payload, geo: Geometry, scan: _Scan, pos_code: int, low: int, val_
         idx = torch.cat(positions) if positions else torch.empty(0, dtype=torch.int64, device=dev)
         pos = dc.encode_ef(idx, geo.elements, low)
     out = [pos]
-    if val_code != dc.VAL_RAW:
-        codes = [b.codes for b in scan.blocks if b.codes is not None]
-        allc = torch.cat(codes).to(torch.int64) if codes else torch.empty(0, dtype=torch.int64, device=dev)
-        out.append(dc.encode_codes(allc, _escaped(allc, val_code), val_code))
+    codes = [b.codes for b in scan.blocks if b.codes is not None]
+    if val_code == dc.VAL_D8:  # one byte per code: the blocks' codes as they are, no concatenation
+        out += [dc.encode_codes(c, val_code) for c in codes]
+    elif val_code == dc.VAL_D4:  # nibble pairs may straddle blocks
+        allc = torch.cat(codes) if len(codes) > 1 else codes[0] if codes else torch.empty(0, dtype=torch.int8)
+        out.append(dc.encode_codes(allc, val_code))
     return out + values, n_esc
 
 
@@ -354,7 +347,7 @@ def _scatter(cache: torch.Tensor, span: Span, idx: torch.Tensor, values: torch.T
     if raw.storage_offset() % span.itemsize:
         raw.view(span.numel, span.itemsize)[idx] = values.view(torch.uint8).view(-1, span.itemsize)
     else:
-        raw.view(dc.int_view_dtype(span.itemsize))[idx] = values
+        raw.view(dc.int_view_dtype(span.itemsize)).index_copy_(0, idx, values)
 
 
 def _write_full(buf: torch.Tensor, enc: Encoded, version: int) -> Encoded:
@@ -402,8 +395,7 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
         stream = vals
     elif h.val in (dc.VAL_D8, dc.VAL_D4):
         nbytes = k if h.val == dc.VAL_D8 else -(-k // 2)
-        codes = dc.decode_codes(vals[:nbytes], k, h.val)
-        esc = codes == (dc.D8_ESC if h.val == dc.VAL_D8 else dc.D4_ESC)
+        codes, esc = dc.decode_codes(vals[:nbytes], k, h.val)
         if int(esc.sum()) != h.escapes:
             raise ValueError(f"delta has {int(esc.sum())} escapes, the header says {h.escapes}")
         stream = vals[nbytes:]
@@ -435,7 +427,7 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
             if s not in (2, 4):
                 raise ValueError(f"difference code for {s}-byte elements")
             old = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).view(dc.int_view_dtype(s))
-            values = dc.apply_differences(old, codes[c0:c1], s)  # escaped ones are overwritten next
+            values = dc.apply_codes(old, codes[c0:c1], s)  # escaped ones are overwritten next
             if n_raw:
                 e0 = int(torch.searchsorted(esc_at, c0))
                 values[esc_at[e0 : e0 + n_raw] - c0] = raw

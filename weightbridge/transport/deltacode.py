@@ -12,10 +12,10 @@ elements in wire order, items back to back) and the new bits of each changed ele
   bits per changed element; decoded without a sequential scan (``nonzero`` of the bit array).
 
 **Values** (:func:`value_sizes`), whichever is smaller: *raw* (the new element bytes), or the
-difference ``new - old`` of the elements' bit patterns read as unsigned integers, one signed byte
-(*d8*, -127..127) or one signed nibble (*d4*, -7..7, two per byte, low nibble first) per changed
-element, the sentinel (-128 / -8) marking an *escape* whose raw new bytes follow in an escape
-stream. With bf16 weights and small learning rates most changes are one or two units in the last
+difference ``new - old`` of the elements' bit patterns modulo ``2^bits``, one signed byte (*d8*,
+-127..126; -128 and 127 mark an escape) or one signed nibble (*d4*, -7..7; -8 marks an escape; two
+per byte, low nibble first) per changed element, the raw new bytes of every escape following in an
+escape stream. With bf16 weights and small learning rates most changes are one or two units in the last
 place, so a changed element costs about 1.5 to 2.5 bytes with its position instead of 2 raw bytes
 plus an index. Differences are used for 2- and 4-byte elements only; 1- and 8-byte elements are
 always escapes in the difference codes.
@@ -110,17 +110,55 @@ def position_sizes(k: int, elements: int) -> tuple[int, int, int]:
     return (POS_BITMAP, 0, bitmap) if bitmap <= ef else (POS_EF, low, ef)
 
 
+def pack_fields(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Non-negative int64 ``values`` below ``2^width`` as a little-endian bit stream of ``width`` bits each
+    (``ceil(n width / 8)`` bytes). Up to 8 bits: eight values at a time make one int64 word whose first
+    ``width`` bytes are exactly their ``8 width`` bits; wider fields go bit by bit (few of them: wide
+    fields mean few changed elements)."""
+    n, dev = values.numel(), values.device
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8, device=dev)
+    if width <= 8:
+        pad = -n % 8
+        v = torch.cat([values, values.new_zeros(pad)]) if pad else values
+        shifts = torch.arange(0, 8 * width, width, dtype=torch.int64, device=dev)
+        words = (v.view(-1, 8) << shifts).sum(dim=1)
+        out = words.view(torch.uint8).view(-1, 8)[:, :width].reshape(-1)
+        return out[: -(-n * width // 8)]
+    parts, shifts = [], torch.arange(width, dtype=torch.int64, device=dev)
+    for lo in range(0, n, BLOCK):  # BLOCK is a multiple of 8: every block packs into whole bytes
+        parts.append(pack_bits(((values[lo : lo + BLOCK].unsqueeze(1) >> shifts) & 1).view(-1)))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def unpack_fields(data: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`pack_fields`: ``n`` int64 values."""
+    dev = data.device
+    if width <= 8:
+        groups = -(-n // 8)
+        raw = data[: groups * width]
+        if raw.numel() < groups * width:
+            raw = torch.cat([raw, raw.new_zeros(groups * width - raw.numel())])
+        words = torch.zeros(groups, 8, dtype=torch.uint8, device=dev)
+        words[:, :width] = raw.view(groups, width)
+        shifts = torch.arange(0, 8 * width, width, dtype=torch.int64, device=dev)
+        vals = (words.view(torch.int64) >> shifts) & ((1 << width) - 1)
+        return vals.view(-1)[:n]
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    shifts = torch.arange(width, dtype=torch.int64, device=dev)
+    for lo in range(0, n, BLOCK):
+        m = min(BLOCK, n - lo)
+        bits = unpack_bits(data[lo * width // 8 :], m * width).view(m, width).to(torch.int64)
+        out[lo : lo + m] = (bits << shifts).sum(dim=1)
+    return out
+
+
 def encode_ef(positions: torch.Tensor, elements: int, low: int) -> torch.Tensor:
     """Elias-Fano bytes of sorted int64 ``positions`` below ``elements`` (low parts first)."""
     k = positions.numel()
     if k == 0:
         return torch.empty(0, dtype=torch.uint8, device=positions.device)
-    parts = []
-    if low:
-        shifts = torch.arange(low, dtype=torch.int32, device=positions.device)
-        for lo in range(0, k, BLOCK):  # BLOCK is a multiple of 8: every block packs into whole bytes
-            vals = (positions[lo : lo + BLOCK] & ((1 << low) - 1)).to(torch.int32)
-            parts.append(pack_bits(((vals.unsqueeze(1) >> shifts) & 1).view(-1)))
+    parts = [pack_fields(positions & ((1 << low) - 1), low)] if low else []
     high = (positions >> low) + torch.arange(k, dtype=torch.int64, device=positions.device)
     parts.append(set_bits(high, ((elements - 1) >> low) + k))
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -139,18 +177,13 @@ def decode_ef(data: torch.Tensor, k: int, elements: int, low: int) -> torch.Tens
         return torch.empty(0, dtype=torch.int64, device=data.device)
     nlow = -(-k * low // 8)
     dev = data.device
-    lows = torch.zeros(k, dtype=torch.int64, device=dev)
-    if low:
-        shifts = torch.arange(low, dtype=torch.int64, device=dev)
-        for lo in range(0, k, BLOCK):
-            n = min(BLOCK, k - lo)
-            bits = unpack_bits(data[lo * low // 8 : nlow], n * low).view(n, low).to(torch.int64)
-            lows[lo : lo + n] = (bits << shifts).sum(dim=1)
     upper = unpack_bits(data[nlow:], ((elements - 1) >> low) + k)
     ones = torch.nonzero(upper).view(-1)
     if ones.numel() != k:
         raise ValueError(f"Elias-Fano high bits name {ones.numel()} indices, the header says {k}")
-    positions = ((ones - torch.arange(k, dtype=torch.int64, device=dev)) << low) | lows
+    positions = (ones - torch.arange(k, dtype=torch.int64, device=dev)) << low
+    if low:
+        positions |= unpack_fields(data[:nlow], k, low)
     return check_positions(positions, elements)
 
 
@@ -182,26 +215,38 @@ def check_positions(positions: torch.Tensor, elements: int) -> torch.Tensor:
 
 
 # -- values ------------------------------------------------------------------------------------
-def _unsigned(values: torch.Tensor, s: int) -> torch.Tensor:
-    # 2-byte elements fit int32 (half the memory traffic of int64); 4-byte ones need int64
-    wide = torch.int32 if s == 2 else torch.int64
-    return values.to(wide) & ((1 << (8 * s)) - 1)
+def codes8(new: torch.Tensor, old: torch.Tensor, s: int) -> torch.Tensor:
+    """int8 difference codes of changed ``s``-byte elements (1-D integer tensors of that size): ``new - old``
+    modulo ``2^(8 s)`` (read as a signed number) saturated to ``[-128, 127]``; a saturated code (-128 or
+    127) is an escape. 2-byte elements subtract in int16 (modular: the result is exact bits whatever the
+    true difference); 1- and 8-byte elements are always escapes."""
+    if s == 2:
+        d = new - old
+    elif s == 4:
+        d = new.to(torch.int64) - old.to(torch.int64)
+        d = ((d + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+    else:
+        return torch.full((new.numel(),), D8_ESC, dtype=torch.int8, device=new.device)
+    return d.clamp_(-128, 127).to(torch.int8)
 
 
-def differences(new: torch.Tensor, old: torch.Tensor, s: int) -> torch.Tensor | None:
-    """``new - old`` of ``s``-byte elements (1-D integer tensors of that size) as unsigned bit patterns
-    (int32 for 2-byte elements, int64 for 4-byte ones); None where differences are not used (s not 2 or 4)."""
-    if s not in (2, 4):
-        return None
-    return _unsigned(new, s) - _unsigned(old, s)
+def escaped8(codes: torch.Tensor) -> torch.Tensor:
+    """The d8 escapes among int8 codes (saturated: -128 or 127)."""
+    return (codes == D8_ESC) | (codes == 127)
 
 
-def apply_differences(old: torch.Tensor, diffs: torch.Tensor, s: int) -> torch.Tensor:
-    """``old + diffs`` modulo ``2^(8 s)`` (the inverse of :func:`differences`), in ``old``'s integer dtype."""
-    bits = 8 * s
-    new = (_unsigned(old, s) + diffs) & ((1 << bits) - 1)
-    new -= (new >> (bits - 1)) << bits  # to two's complement, exactly
-    return new.to(old.dtype)
+def escaped4(codes: torch.Tensor) -> torch.Tensor:
+    """The codes d4 cannot carry: outside ``[-7, 7]`` (int8 ``c + 7`` read unsigned is above 14)."""
+    return (codes + 7).view(torch.uint8) > 14
+
+
+def apply_codes(old: torch.Tensor, codes: torch.Tensor, s: int) -> torch.Tensor:
+    """``old + codes`` modulo ``2^(8 s)`` in ``old``'s integer dtype (the inverse of :func:`codes8` for the
+    codes that are not escapes)."""
+    if s == 2:
+        return old + codes.to(torch.int16)
+    new = old.to(torch.int64) + codes
+    return (((new + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)).to(old.dtype)
 
 
 def value_sizes(k: int, raw_bytes: int, esc8_bytes: int, esc4_bytes: int) -> tuple[int, int]:
@@ -211,25 +256,27 @@ def value_sizes(k: int, raw_bytes: int, esc8_bytes: int, esc4_bytes: int) -> tup
     return code, size
 
 
-def encode_codes(diffs: torch.Tensor, esc: torch.Tensor, code: int) -> torch.Tensor:
-    """The difference codes (int64 ``diffs``, bool ``esc``) as bytes: one per element (d8) or nibbles (d4)."""
+def encode_codes(codes: torch.Tensor, code: int) -> torch.Tensor:
+    """int8 codes (:func:`codes8`) as bytes: one per element (d8, escapes stay saturated) or a nibble
+    per element (d4: -7..7, escapes -8), two per byte, low nibble first."""
     if code == VAL_D8:
-        return torch.where(esc, torch.full_like(diffs, D8_ESC), diffs).to(torch.int8).view(torch.uint8)
-    nib = torch.where(esc, torch.full_like(diffs, D4_ESC), diffs) & 0xF
+        return codes.view(torch.uint8)
+    nib = codes.masked_fill(escaped4(codes), D4_ESC).view(torch.uint8) & 0xF
     if nib.numel() % 2:
         nib = torch.cat([nib, torch.zeros(1, dtype=nib.dtype, device=nib.device)])
     pairs = nib.view(-1, 2)
-    return (pairs[:, 0] | (pairs[:, 1] << 4)).to(torch.uint8)
+    return pairs[:, 0] | (pairs[:, 1] << 4)
 
 
-def decode_codes(data: torch.Tensor, k: int, code: int) -> torch.Tensor:
-    """Inverse of :func:`encode_codes`: int64 codes, the sentinel included."""
+def decode_codes(data: torch.Tensor, k: int, code: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`encode_codes`: ``(int8 codes, escape mask)``."""
     if code == VAL_D8:
         if data.numel() != k:
             raise ValueError(f"d8 section of {data.numel()} bytes for {k} values")
-        return data.view(torch.int8).to(torch.int64)
+        codes = data.view(torch.int8)
+        return codes, escaped8(codes)
     if data.numel() != -(-k // 2):
         raise ValueError(f"d4 section of {data.numel()} bytes for {k} values")
-    b = data.to(torch.int64)
-    nib = torch.stack([b & 0xF, b >> 4], dim=1).view(-1)[:k]
-    return torch.where(nib >= 8, nib - 16, nib)
+    nib = torch.stack([data & 0xF, data >> 4], dim=1).view(-1)[:k].view(torch.int8)
+    codes = torch.where(nib >= 8, nib - 16, nib)
+    return codes, codes == D4_ESC
