@@ -396,23 +396,26 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
     elif h.val in (dc.VAL_D8, dc.VAL_D4):
         nbytes = k if h.val == dc.VAL_D8 else -(-k // 2)
         codes, esc = dc.decode_codes(vals[:nbytes], k, h.val)
-        if int(esc.sum()) != h.escapes:
-            raise ValueError(f"delta has {int(esc.sum())} escapes, the header says {h.escapes}")
+        n_esc = int(torch.count_nonzero(esc))
+        if n_esc != h.escapes:
+            raise ValueError(f"delta has {n_esc} escapes, the header says {h.escapes}")
         stream = vals[nbytes:]
     else:
         raise ValueError(f"unknown value code {h.val}")
+    esc_at = None if esc is None else torch.nonzero(esc).view(-1)  # escaped elements, in order
+    if esc_at is not None:  # escapes before each item's first changed element
+        esc_bounds = torch.searchsorted(esc_at, torch.tensor(bounds, dtype=torch.int64, device=esc_at.device)).tolist()
     need = 0  # the stream bytes the items consume: checked before any write
     plan = []
     for i, span in enumerate(geo.items):
         c0, c1 = bounds[i], bounds[i + 1]
         if c1 == c0:
             continue
-        n_raw = (c1 - c0) if esc is None else int(esc[c0:c1].sum())
+        n_raw = (c1 - c0) if esc_at is None else esc_bounds[i + 1] - esc_bounds[i]
         plan.append((i, span, c0, c1, need, n_raw))
         need += n_raw * span.itemsize
     if need != stream.numel():
         raise ValueError(f"delta value stream of {stream.numel()} bytes, its elements need {need}")
-    esc_at = None if esc is None else torch.nonzero(esc).view(-1)  # escaped elements, in order
     for i, span, c0, c1, off, n_raw in plan:
         it, s = bucket.items[i], span.itemsize
         idx = positions[c0:c1] - span.elem_off
@@ -429,7 +432,7 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
             old = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).view(dc.int_view_dtype(s))
             values = dc.apply_codes(old, codes[c0:c1], s)  # escaped ones are overwritten next
             if n_raw:
-                e0 = int(torch.searchsorted(esc_at, c0))
-                values[esc_at[e0 : e0 + n_raw] - c0] = raw
+                e0 = esc_bounds[i]
+                values.index_copy_(0, esc_at[e0 : e0 + n_raw] - c0, raw)
         write_elements(dst, it.dst_box, it.dst_transpose, shape, idx, values.view(wire))
     return k

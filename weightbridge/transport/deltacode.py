@@ -277,6 +277,8 @@ def decode_codes(data: torch.Tensor, k: int, code: int) -> tuple[torch.Tensor, t
         return codes, escaped8(codes)
     if data.numel() != -(-k // 2):
         raise ValueError(f"d4 section of {data.numel()} bytes for {k} values")
-    nib = torch.stack([data & 0xF, data >> 4], dim=1).view(-1)[:k].view(torch.int8)
-    codes = torch.where(nib >= 8, nib - 16, nib)
+    nib = torch.empty(2 * data.numel(), dtype=torch.uint8, device=data.device)
+    nib[0::2] = data & 0xF
+    nib[1::2] = data >> 4
+    codes = ((nib[:k] ^ 8).view(torch.int8) - 8)  # sign-extend 4 bits: 8..15 -> -8..-1
     return codes, codes == D4_ESC
