@@ -84,6 +84,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def worker(cfg: dict) -> dict:
+    if cfg.get("first_bytes"):  # how a message's length reaches the receiver (docs/delta.md): both ends equal
+        import weightbridge.transport.delta as wd
+
+        wd.FIRST_BYTES = cfg["first_bytes"]
     r, problems = check_text(cfg["spec"], base_dir=Path(cfg["dir"]))
     assert r is not None, problems
     plan = build_plan(r.trainer, r.rollout, round_bytes=cfg["round_bytes"], receiver_dedup="off")
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=6, help="versions per learning rate (the first is the initial model)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--first-bytes", type=int, default=None,
+                    help=f"the first piece of every message (default {FIRST_BYTES}); 64: the header alone (a size "
+                    "first), 1099511627776: always the planned size")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
     base = {"spec": text, "dir": str(tmp), "round_bytes": args.round_mib << 20, "port": store.port,
             "timeout_s": args.timeout, "lrs": args.lrs, "versions": args.versions, "vocab": args.vocab,
-            "batch": args.batch, "seq": args.seq}
+            "batch": args.batch, "seq": args.seq, "first_bytes": args.first_bytes}
     cfgs = [({**base, "side": "trainer", "rank": t},) for t in range(S)]
     cfgs += [({**base, "side": "rollout", "rank": q},) for q in range(R)]
     t0 = time.monotonic()
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     trainer = outs[0]
     rollouts = [o for o in outs if o["side"] == "rollout"]
-    overhead = trainer["buckets"] * (FIRST_BYTES + 8)  # per bucket: at most the first piece + the checksum
+    first = args.first_bytes or FIRST_BYTES
+    overhead = trainer["buckets"] * (min(first, 1 << 40) + 8)  # per bucket: at most the first piece + the checksum
     rows = []
     for i, row in enumerate(trainer["rows"]):
         full, delta, f = row["full_wire"], row["delta_wire"], row["changed"]
@@ -203,12 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({**row, "wire_ratio": delta / full, "bound_ok": None if row["step"] == 0 else delta <= bound,
                      "time_ratio": row["delta_s"] / row["full_s"],
                      "bitwise": all(o["rows"][i]["bitwise"] for o in rollouts)})
+    for i, x in enumerate(rows):  # codec CPU seconds: the trainer's encode, the slowest rollout rank's decode
+        x["encode_s"] = x["delta_encode_s"]
+        x["decode_s"] = max(o["rows"][i]["delta_decode_s"] for o in rollouts)
     summary = {}
     for lr in args.lrs:
         mine = [x for x in rows if x["lr"] == lr and x["step"] > 0]
         if mine:
             summary[lr] = {k: sum(x[k] for x in mine) / len(mine) for k in ("changed", "wire_ratio", "time_ratio",
-                                                                           "full_s", "delta_s")}
+                                                                           "full_s", "delta_s", "encode_s",
+                                                                           "decode_s")}
     res = {"model_bytes_bf16": r.canonical.total_bytes() // 2, "rollout_tp": args.rollout_tp, "rows": rows,
            "per_lr": {str(k): v for k, v in summary.items()}, "fixed_overhead_bytes": overhead,
            "header_bytes": HEADER_BYTES, "all_bitwise": all(x["bitwise"] for x in rows),
@@ -217,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res, indent=1))
         return 0 if res["all_bitwise"] else 1
     print(f"Qwen2-style model, {res['model_bytes_bf16'] / 1e6:.1f} MB bf16 on the wire per push | fp32 master, "
-          f"AdamW | 1 trainer -> vLLM TP{args.rollout_tp} | Gloo, checksums on | fixed overhead "
+          f"AdamW | 1 trainer -> vLLM TP{args.rollout_tp} | Gloo, checksums on | first piece {first} B | fixed overhead "
           f"{overhead} B per push ({trainer['buckets']} buckets)")
     print(f"{'lr':>8} {'ver':>4} {'changed':>8} {'full MB':>8} {'delta MB':>9} {'d/f':>7} {'d/(f*ch)':>8} "
           f"{'<=1.5ch':>7} {'full s':>7} {'delta s':>8} {'t d/f':>6} {'bitwise':>7}")
@@ -230,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     for lr, s in summary.items():
         print(f"  lr {lr:.0e}: changed {s['changed']:.4f}, wire delta/full {s['wire_ratio']:.4f} "
               f"({s['wire_ratio'] / max(s['changed'], 1e-12):.2f} x changed), time delta/full {s['time_ratio']:.2f} "
-              f"({s['delta_s']:.3f} s vs {s['full_s']:.3f} s)")
+              f"({s['delta_s']:.3f} s vs {s['full_s']:.3f} s; encode {s['encode_s']:.3f} s, decode {s['decode_s']:.3f} s)")
     print(f"every version bitwise equal to the full push: {res['all_bitwise']}; wire bytes within "
           f"1.5 x changed + overhead: {res['all_within_bound']}; wall {wall:.0f} s")
     return 0 if res["all_bitwise"] else 1

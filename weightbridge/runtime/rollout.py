@@ -102,7 +102,8 @@ class RolloutBridge(Endpoint):
         ``staging`` (default: the spec's ``sync.staging``, else True in async mode and False
         otherwise; it may differ per rank): True keeps a copy of the weights to receive into (2x
         memory; the engine serves the old version until ``apply()``), False receives in place
-        inside ``poll()``. Settings the ranks must agree on come from the spec's ``sync`` section;
+        inside ``poll()``. With ``sync.delta`` the receive tensors (the staging copy, or ``tensors``
+        in place) must be written only by the bridge: deltas apply onto them (``docs/delta.md``). Settings the ranks must agree on come from the spec's ``sync`` section;
         ``options`` are per-process :class:`BridgeOptions` (see :meth:`TrainerBridge.from_spec`).
         The control store is at ``host:port`` (hosted by trainer rank 0, or external with
         ``sync.store: external``), or ``store``; rollout ranks never host it. A dropped connection is

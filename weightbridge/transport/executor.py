@@ -56,6 +56,16 @@ spare core to overlap with): inline 0.27-0.39 s, thread 0.27-0.45 s, off 0.22-0.
 (run-to-run noise is larger than the differences); overlap pays where packing and moving bytes
 use different resources (GPU copy engines vs NIC, spare cores).
 
+**Delta updates** (``delta="on"`` / ``"auto"``, ``sync.delta``): each bucket's wire buffer gets a
+64-byte header (version, the version a delta applies onto, length) and is sent as the elements that
+changed since this executor's previous run when that is smaller
+(:mod:`weightbridge.transport.delta`: encoded in *pre*, checked and applied in *post*). Wave 0 then
+moves the first 4 KiB of every message (the header, with the message's length); a receiver cuts the
+rest once it arrived, exactly as the sender did. Receivers raise
+:class:`~weightbridge.transport.errors.DeltaBaseMismatch` for a delta computed against a version their
+destination does not hold, :class:`~weightbridge.transport.errors.MalformedBucket` for bytes they
+cannot read; any failed run drops the executor's delta state (the next run sends full buckets).
+
 **Deadlines and errors.** Every wait is bounded by ``group.timeout_s``. A failure is raised as a
 :class:`~weightbridge.transport.errors.TransportError` subclass naming this bridge rank, the peer
 and the round: :class:`PeerTimeout` (deadline passed), :class:`PeerDisconnected` (connection closed,
