@@ -24,8 +24,8 @@ first push is full everywhere, and any failed run drops the state on both ends.
 
 **Memory.** Sender: one copy of the bytes it sends per push (Σ ``nbytes`` of its buckets, in the
 wire dtype), allocated at its first push, freed with the executor (``auto`` frees a bucket's copy
-while that bucket is sent in full). Receivers: no copy; temporaries proportional to the changed
-elements of one bucket.
+while that bucket is sent in full), and while encoding one bucket temporaries of up to about twice
+its size. Receivers: no copy; temporaries proportional to the changed elements of one bucket.
 
 **auto** picks per bucket from the measured change: a bucket whose last encoded size was above
 :data:`AUTO_MAX_RATIO` of the full bucket is sent in full, without comparing, for the next 1, 2, 4 ...
