@@ -240,7 +240,7 @@ def _scan(payload: torch.Tensor, cache: torch.Tensor, geo: Geometry) -> _Scan:
         block_codes, escapes = [], []
         for p, a, b, idx in zip(pieces, news, olds, _split(index, pieces)):
             if not idx.numel():
-                escapes.append(_Piece(torch.empty(0, p.itemsize, dtype=torch.uint8), torch.empty(0, dtype=torch.bool)))
+                escapes.append(_Piece(payload.new_empty(0, p.itemsize), payload.new_empty(0, dtype=torch.bool)))
                 continue
             new = torch.index_select(a, 0, idx)
             code = dc.codes8(new, torch.index_select(b, 0, idx), p.itemsize)
@@ -337,7 +337,7 @@ def _sections(payload, geo: Geometry, scan: _Scan, pos_code: int, low: int, val_
     if val_code == dc.VAL_D8:  # one byte per code: the blocks' codes as they are, no concatenation
         out += [dc.encode_codes(c, val_code) for c in codes]
     elif val_code == dc.VAL_D4:  # nibble pairs may straddle blocks
-        allc = torch.cat(codes) if len(codes) > 1 else codes[0] if codes else torch.empty(0, dtype=torch.int8)
+        allc = torch.cat(codes) if len(codes) > 1 else codes[0] if codes else payload.new_empty(0, dtype=torch.int8)
         out.append(dc.encode_codes(allc, val_code))
     return out + values, n_esc
 
