@@ -47,6 +47,9 @@ class PlanMetrics(BaseModel):
     sync_mode: str
     network: str
     planning_seconds: float
+    change_rate: float | None = Field(None, description="The change_rate asked for (expected share of elements a push changes)")
+    delta_wire_bytes: int | None = Field(None, description="With delta updates (sync.delta) at change_rate: expected wire bytes")
+    predicted_delta_seconds: float | None = Field(None, description="With delta updates at change_rate: cost model time")
     notes: list[str]
     problems: list[str]
 
@@ -93,14 +96,16 @@ class Explanation(BaseModel):
 
 
 def plan(config: ServerConfig, spec_path: str | None, spec_text: str | None, network: str | None,
-         round_bytes: int | str | None, receiver_dedup: str | None, imbalances: int) -> PlanResult:
+         round_bytes: int | str | None, receiver_dedup: str | None, imbalances: int,
+         change_rate: float | None = None) -> PlanResult:
     """plan_transfer's work (in a worker process)."""
     cap = parse_bytes(round_bytes) if round_bytes is not None else None
     if cap is not None and cap < MIN_ROUND_BYTES:
         raise fail("round_bytes", f"{cap} is below the minimum of {MIN_ROUND_BYTES} bytes (e.g. 64MiB)")
     resolved = specs.resolve(config, spec_path, spec_text)
     try:
-        report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup, round_bytes=cap)
+        report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup, round_bytes=cap,
+                           change_rate=change_rate)
     except SpecErrors as exc:
         raise fail(exc.problems[0].path, "\n".join(str(p) for p in exc.problems)) from None
     return PlanResult(**report.metrics, valid=not report.problems,
@@ -141,6 +146,12 @@ def register(server: MCPServer, config: ServerConfig) -> None:
             Field(description="Override sync.receiver_dedup: rollout instances complete shards among themselves."),
         ] = None,
         imbalances: Annotated[int, Field(ge=0, le=50, description="How many top imbalances to list.")] = 5,
+        change_rate: Annotated[
+            float | None,
+            Field(ge=0, le=1, allow_inf_nan=False,
+                  description="Expected share of elements a push changes (e.g. 0.01): also price delta updates "
+                  "(sync.delta)."),
+        ] = None,
     ) -> PlanResult:
         """Dry-run the transfer plan of a spec: rounds, bytes per sender/receiver, balance, predicted time.
 
@@ -150,7 +161,7 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         """
         return await worker.call(config, plan, PlanResult, argument="spec_text" if spec_text is not None else "spec_path",
                                  spec_path=spec_path, spec_text=spec_text, network=network, round_bytes=round_bytes,
-                                 receiver_dedup=receiver_dedup, imbalances=imbalances)
+                                 receiver_dedup=receiver_dedup, imbalances=imbalances, change_rate=change_rate)
 
     @server.tool(title="Explain a rank's local tensor")
     async def explain_tensor(

@@ -18,7 +18,7 @@ Call sequence (disaggregated, ``sync.mode`` = ``sync`` or ``async``):
    ``options`` (:class:`BridgeOptions`: the store key prefix, ``on_round`` progress hook, a test
    data plane); ``RolloutBridge.from_spec`` also ``staging`` (per rank). Everything the ranks must
    agree on is in the spec's ``sync`` section (``timeout_s``, ``round_bytes``, ``checksums``,
-   ``receiver_dedup``, ``heartbeat_s``, ``min_instances``), so the spec hash compared at the
+   ``delta``, ``receiver_dedup``, ``heartbeat_s``, ``min_instances``), so the spec hash compared at the
    handshake guarantees it: ranks whose specs differ in any of them fail with
    :class:`HandshakeMismatch` on ``spec_hash``.
 3. Every trainer rank calls ``push(v)`` with the same strictly increasing ``v`` after each

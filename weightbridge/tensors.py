@@ -3,7 +3,8 @@
 * dtype names: :func:`torch_dtype` (``"bfloat16"`` -> ``torch.bfloat16``) and :func:`dtype_name`
   (the inverse), the only conversion between the IR's dtype strings and torch dtypes;
 * box copies: :func:`read_canonical` / :func:`write_canonical` (a local box as canonical elements),
-  :func:`pack_items` / :func:`unpack_items` (plan items into and out of wire buffers) and
+  :func:`pack_items` / :func:`unpack_items` (plan items into and out of wire buffers),
+  :func:`read_elements` / :func:`write_elements` (single elements of a box, for delta updates) and
   :func:`apply_local_copies`;
 * tensors of a layout: :func:`empty_like_layout` (a receiver's destination), :func:`materialize`
   (a rank's local tensors from full canonical tensors), :func:`canonical_tensor(s)` (deterministic
@@ -156,6 +157,53 @@ def unpack_items(items: Sequence, buf: torch.Tensor, tensors: Mapping[str, torch
         write_canonical(tensors[it.dst_tensor], it.dst_box, it.dst_transpose, view)
         offset += it.nbytes
     return offset
+
+
+def _unravel(flat: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Row-major multi-indices of ``flat`` in ``shape`` (torch.unravel_index imports sympy on first use)."""
+    out = []
+    for n in reversed(tuple(shape)[1:]):
+        out.append(flat % n)
+        flat = flat // n
+    out.append(flat)
+    return tuple(reversed(out))
+
+
+def _element_index(tensor: torch.Tensor, box: Box, transpose: bool, canonical_shape: Sequence[int],
+                   flat: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The region ``tensor[box]`` (a view) and the indices into it of canonical row-major element
+    indices ``flat`` (int64) of a box of ``canonical_shape`` (dims reversed in the region when ``transpose``)."""
+    region = tensor[_slices(box)]
+    if region.dim() == 0:
+        region = region.unsqueeze(0)
+    shape = tuple(canonical_shape)
+    if transpose and len(shape) > 1:
+        coords = _unravel(flat, shape)
+        f = coords[-1]
+        for c, n in zip(reversed(coords[:-1]), shape[-2::-1]):
+            f = f * n + c
+        flat = f
+    if region.is_contiguous():  # row ranges of a contiguous tensor: one flat index
+        return region.view(-1), (flat,)
+    return region, _unravel(flat, tuple(region.shape))
+
+
+def read_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_shape: Sequence[int],
+                  flat: torch.Tensor) -> torch.Tensor:
+    """Elements ``flat`` (canonical row-major indices within the box) of ``box`` of ``tensor``, as a new 1-D tensor."""
+    region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
+    return torch.index_select(region, 0, idx[0]) if len(idx) == 1 else region[idx]
+
+
+def write_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_shape: Sequence[int],
+                   flat: torch.Tensor, values: torch.Tensor) -> None:
+    """Write ``values`` (1-D, one per index of ``flat``) into those elements of ``box`` of ``tensor``
+    (the inverse of :func:`read_elements`; casts to the tensor's dtype). Touches those elements only."""
+    region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
+    if len(idx) == 1:
+        region.index_copy_(0, idx[0], values.to(region.dtype))
+    else:
+        region.index_put_(idx, values.to(region.dtype))
 
 
 def apply_local_copies(copies: Iterable, tensors: Mapping[str, torch.Tensor], rank: int | None = None) -> int:

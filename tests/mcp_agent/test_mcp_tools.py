@@ -58,9 +58,14 @@ def test_inspect_validate_plan_explain_match_the_cli(mode: str) -> None:
             await c.call_tool("validate_spec", {"spec_path": TINY}),
             await c.call_tool("plan_transfer", {"spec_path": TINY}),
             await c.call_tool("explain_tensor", {"spec_path": TINY, "side": "rollout", "rank": 3, "tensor": QKV0}),
+            await c.call_tool("plan_transfer", {"spec_path": TINY, "change_rate": 0.01}),
         ]
 
-    model, bad, good, plan, explain = map(ok, run_session(in_process(mode), body))
+    model, bad, good, plan, explain, delta = map(ok, run_session(in_process(mode), body))
+    want_delta = cli_json("plan", str(ROOT / TINY), "--json", "--change-rate", "0.01")
+    assert {k: delta[k] for k in ("change_rate", "delta_wire_bytes", "predicted_delta_seconds")} == {
+        k: want_delta[k] for k in ("change_rate", "delta_wire_bytes", "predicted_delta_seconds")}
+    assert 0 < delta["delta_wire_bytes"] < delta["wire_bytes"]
     want_model = cli_json("models", "tiny-qwen2", "--json")
     assert {k: model[k] for k in want_model} == want_model and model["model"] == {"bundled": "tiny-qwen2"}
 

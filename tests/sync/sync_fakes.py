@@ -33,7 +33,8 @@ class StoreDataPlane:
                 raise DeadlineExceeded(self.name, what, self.timeout_s)
             time.sleep(0.001)
 
-    def run(self, plan, *, side, rank, tensors, dst, tag, on_round: Callable[[int], None] | None = None) -> RunStats:
+    def run(self, plan, *, side, rank, tensors, dst, tag, on_round: Callable[[int], None] | None = None,
+            version: int = 0) -> RunStats:
         t0 = time.perf_counter()
         sent = received = 0
         for rnd in plan.rounds:

@@ -32,9 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--network", default=None, help="override the spec's network preset (h100, h200, cpu-gloo)")
     p.add_argument("--round-bytes", type=byte_size_arg, default=None, metavar="BYTES",
                    help="override sync.round_bytes (an integer or a size such as 64MiB; at least 4KiB)")
+    p.add_argument("--change-rate", type=change_rate_arg, default=None, metavar="F",
+                   help="expected share of elements a push changes (0..1, e.g. 0.01): also predict the time "
+                   "and wire bytes with delta updates (sync.delta)")
     p.add_argument("--max-problems", type=nonneg_int, default=50,
                    help="problems printed in the summary (all in --json)")
     p.set_defaults(func=run)
+
+
+def change_rate_arg(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {excerpt(value)}") from None
+    if not 0.0 <= f <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{excerpt(value)}: a change rate is within [0, 1]")
+    return f
 
 
 def render_path(value: str) -> Path:
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = plan_spec(resolved, network=args.network, round_bytes=args.round_bytes,
-                           receiver_dedup=args.receiver_dedup)
+                           receiver_dedup=args.receiver_dedup, change_rate=args.change_rate)
     except SpecErrors as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE

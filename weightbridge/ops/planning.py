@@ -38,8 +38,10 @@ def plan_spec(
     network: str | None = None,
     round_bytes: int | None = None,
     receiver_dedup: str | None = None,
+    change_rate: float | None = None,
 ) -> PlanReport:
-    """Plan one update of ``resolved``; ``network`` / ``round_bytes`` / ``receiver_dedup`` override the spec's.
+    """Plan one update of ``resolved``; ``network`` / ``round_bytes`` / ``receiver_dedup`` override the spec's;
+    ``change_rate`` (the expected share of elements a push changes) adds the cost with ``sync.delta``.
 
     Raises :class:`SpecErrors` (path ``$.network...``) when the network is not a valid preset
     name or mapping.
@@ -63,7 +65,7 @@ def plan_spec(
     problems = planner.validate_plan(plan, resolved.trainer, resolved.rollout, canonical=resolved.canonical)
     metrics = planner.plan_metrics(plan, resolved.trainer, resolved.rollout, network=net, sync_mode=sync.mode,
                                    max_staleness=sync.max_staleness, problems=problems,
-                                   planning_seconds=planning_seconds)
+                                   planning_seconds=planning_seconds, change_rate=change_rate)
     return PlanReport(plan, problems, metrics, net)
 
 

@@ -12,10 +12,18 @@ Formulas (documented with their assumptions in ``docs/planner.md``):
   round r+1 hides behind the wire time of round r and is not counted).
 * ``lower_bound = max over GPUs, directions, links of total bytes / bandwidth`` (this plan's
   bytes, no latency): no schedule of these bytes can be faster.
+* With deltas (``sync.delta``) and an expected change rate ``f`` (:func:`price_delta`): each bucket
+  of ``E`` elements costs ``min(full, positions + values)`` wire bytes plus its header, positions the
+  smaller of a bitmap (``E / 8``) and Elias-Fano (``k (2 + log2(E / k)) / 8``, ``k = f E``), values
+  one byte per changed 2-byte element (a difference code) and the raw bytes for other sizes; a
+  message larger than the first piece costs a second message latency; and a round takes at least
+  its busiest rank's codec time, ``3 x bytes it sends / hbm_bytes_per_s`` (compare against the
+  previous copy, update it), overlapped with the wire like packing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -95,6 +103,49 @@ def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
     for f in flows:
         links.add(*f)
     return links.wire_seconds()
+
+
+# Wire constants of sync.delta (weightbridge.transport.delta, which imports torch; equal: tested).
+DELTA_HEADER_BYTES = 64
+DELTA_FIRST_BYTES = 4096
+_DELTA_VALUE_BYTES = {1: 1.0, 2: 1.0, 4: 4.0, 8: 8.0}  # per changed element, by element size
+DELTA_CODEC_PASSES = 3.0
+
+
+def delta_bucket_bytes(items, change_rate: float) -> float:
+    """Expected wire bytes of a bucket sent as a delta (header included, checksum not) when
+    ``change_rate`` of its elements changed; never more than the full bucket plus its header."""
+    full = sum(it.nbytes for it in items)
+    elements, values = 0.0, 0.0
+    for it in items:
+        size = dtype_bytes(it.dtype)
+        n = it.nbytes / size
+        elements += n
+        values += change_rate * n * _DELTA_VALUE_BYTES.get(size, size)
+    k = change_rate * elements
+    positions = 0.0 if k <= 0 else min(elements / 8, k * (2 + max(0.0, math.log2(elements / k))) / 8)
+    return DELTA_HEADER_BYTES + min(full, positions + values)
+
+
+def price_delta(plan: TransferPlan, net: NetworkModel, change_rate: float) -> tuple[float, float]:
+    """``(predicted_seconds, wire_bytes)`` of ``plan`` sent with deltas at ``change_rate`` (module docstring)."""
+    if not 0.0 <= change_rate <= 1.0:
+        raise ValueError(f"change rate must be within [0, 1], got {change_rate}")
+    placement: dict = {}
+    predicted = wire = 0.0
+    for r in plan.rounds:
+        links = Links(net, placement)
+        sent: dict[tuple[str, int], float] = {}
+        for b in r.buckets:
+            nbytes = delta_bucket_bytes(b.items, change_rate)
+            msgs = 2 if nbytes > DELTA_FIRST_BYTES else 1
+            links.add(b.src_side, b.sender, ROLLOUT, b.receiver, max(nbytes, min(b.nbytes, DELTA_FIRST_BYTES)), msgs)
+            wire += nbytes
+            key = (b.src_side, b.sender)
+            sent[key] = sent.get(key, 0) + b.nbytes
+        codec = DELTA_CODEC_PASSES * max(sent.values(), default=0) / net.hbm_bytes_per_s
+        predicted += max(links.wire_seconds() + links.latency_seconds(), codec)
+    return predicted, wire
 
 
 def price(plan: TransferPlan, net: NetworkModel) -> tuple[float, float]:

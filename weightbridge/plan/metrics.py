@@ -27,6 +27,9 @@ Keys (all always present):
 ``sync_mode``              sync | async | colocated
 ``network``                network preset name
 ``planning_seconds``       wall time of ``build_plan``, as measured by the caller (0.0 when not given)
+``change_rate``            the expected share of elements changed per push (``plan --change-rate``), or null
+``delta_wire_bytes``       with deltas (``sync.delta``) at ``change_rate``: expected wire bytes, or null
+``predicted_delta_seconds`` with deltas at ``change_rate``: cost model, this plan, or null
 ``notes``                  planner decisions (list of strings)
 ``problems``               ``validate_plan`` output as strings (empty when valid)
 =========================  ==========================================================
@@ -37,7 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from weightbridge.layout.ir import SideLayout
-from weightbridge.plan.cost import baseline, price, stall_seconds
+from weightbridge.plan.cost import baseline, price, price_delta, stall_seconds
 from weightbridge.plan.network import NetworkModel
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
 
@@ -52,6 +55,7 @@ def plan_metrics(
     max_staleness: int = 1,
     problems: list[PlanProblem] | None = None,
     planning_seconds: float = 0.0,
+    change_rate: float | None = None,
 ) -> dict[str, Any]:
     """The metrics object of ``plan``; ``planning_seconds`` is the caller's measurement of ``build_plan``.
 
@@ -75,6 +79,7 @@ def plan_metrics(
     mean_s = sum(senders) / len(senders) if senders else 0.0
     max_s = max(senders, default=0)
     pred, bound = price(plan, network)
+    delta_pred, delta_wire = price_delta(plan, network, change_rate) if change_rate is not None else (None, None)
     base = baseline(trainer, rollout, network)
     hbm = network.hbm_bytes_per_s
     stall = stall_seconds(
@@ -114,6 +119,9 @@ def plan_metrics(
         "sync_mode": sync_mode,
         "network": network.name,
         "planning_seconds": planning_seconds,
+        "change_rate": change_rate,
+        "delta_wire_bytes": None if delta_wire is None else int(delta_wire),
+        "predicted_delta_seconds": delta_pred,
         "notes": list(plan.notes),
         "problems": [str(p) for p in (problems or [])],
     }

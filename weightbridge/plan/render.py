@@ -60,6 +60,9 @@ def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbri
     t.add_row("predicted", f"{m['predicted_seconds']:.4g} s",
               f"{m['predicted_seconds'] / m['lower_bound_seconds']:.3f} x lower bound {m['lower_bound_seconds']:.4g} s"
               if m["lower_bound_seconds"] else "lower bound 0")
+    if m.get("predicted_delta_seconds") is not None:
+        t.add_row("with deltas", f"{m['predicted_delta_seconds']:.4g} s",
+                  f"sync.delta at {m['change_rate']:.3g} changed: {human_bytes(m['delta_wire_bytes'])} on the wire")
     t.add_row("baseline", f"{m['baseline_seconds']:.4g} s", "gather-then-broadcast, same network")
     t.add_row(f"GPU stall ({m['sync_mode']})", f"{m['stall_seconds']:.4g} s",
               f"baseline {m['baseline_stall_seconds']:.4g} s"

@@ -80,10 +80,10 @@ class Endpoint:
                                receiver_dedup=sync.receiver_dedup)
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
             transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
-            signer=self.signer,
+            signer=self.signer, delta=sync.delta,
         )
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
-        self.wire = f"checksums={sync.checksums}"
+        self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
         self.nonce = uuid.uuid4().hex
         self.dtypes, self.dtype_diffs = actual_dtypes(self.layout, tensors)
@@ -126,9 +126,9 @@ class Endpoint:
         peer published there (e.g. the receiver's ``ChecksumError`` behind this rank's
         ``PeerDisconnected``), looked for up to ``CAUSE_WAIT_S``; else ``exc`` itself."""
         from weightbridge.runtime.coordinator import root_cause
-        from weightbridge.transport.errors import ChecksumError, TransportError
+        from weightbridge.transport.errors import RECEIVER_FINDINGS, TransportError
 
-        if not isinstance(exc, TransportError) or isinstance(exc, ChecksumError):
+        if not isinstance(exc, TransportError) or isinstance(exc, RECEIVER_FINDINGS):
             return exc  # not a symptom (or this rank's own finding)
         deadline = time.monotonic() + min(CAUSE_WAIT_S, self.timeout_s / 4)
         while True:

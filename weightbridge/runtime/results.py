@@ -20,6 +20,8 @@ class PushStats:
     wait_s: float  # waiting for the staleness bound and the receivers' acks
     num_rounds: int
     new_epoch: bool  # this push re-planned (first push, membership change, recovery)
+    wire_sent: int = 0  # bytes this rank put on the wire (with sync.delta: what the deltas took)
+    delta_buckets: int = 0  # buckets this rank sent as deltas (sync.delta; 0 when off)
 
     @property
     def gbps(self) -> float:
@@ -37,3 +39,4 @@ class ReceiveStats:
     bytes_received: int
     transfer_s: float
     staged: bool  # into the staging copy (else into the live weights)
+    wire_received: int = 0  # bytes that arrived on the wire (with sync.delta: what the deltas took)

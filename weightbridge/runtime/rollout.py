@@ -102,7 +102,8 @@ class RolloutBridge(Endpoint):
         ``staging`` (default: the spec's ``sync.staging``, else True in async mode and False
         otherwise; it may differ per rank): True keeps a copy of the weights to receive into (2x
         memory; the engine serves the old version until ``apply()``), False receives in place
-        inside ``poll()``. Settings the ranks must agree on come from the spec's ``sync`` section;
+        inside ``poll()``. With ``sync.delta`` the receive tensors (the staging copy, or ``tensors``
+        in place) must be written only by the bridge: deltas apply onto them (``docs/delta.md``). Settings the ranks must agree on come from the spec's ``sync`` section;
         ``options`` are per-process :class:`BridgeOptions` (see :meth:`TrainerBridge.from_spec`).
         The control store is at ``host:port`` (hosted by trainer rank 0, or external with
         ``sync.store: external``), or ``store``; rollout ranks never host it. A dropped connection is
@@ -311,14 +312,15 @@ class RolloutBridge(Endpoint):
             with torch.no_grad():
                 run: RunStats = self.data_plane.run(
                     plan, side=ROLLOUT, rank=self.plan_rank, tensors=dst, dst=dst, tag=f"v{ann.version}",
-                    on_round=self.on_round,
+                    on_round=self.on_round, version=ann.version,
                 )
             with self._lock:
                 self._staged = ann
                 if self._staging is None:
                     self._torn = None
             self.last_receive = ReceiveStats(ann.version, ann.seq, ann.epoch, run.bytes_received, run.seconds,
-                                             self._staging is not None)
+                                             self._staging is not None,
+                                             run.wire_received if run.wire_received >= 0 else run.bytes_received)
             self._ack(board, "staged", ann)
         except BaseException as exc:
             cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect

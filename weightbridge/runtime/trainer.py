@@ -138,7 +138,7 @@ class TrainerBridge(Endpoint):
             plan, roster = self.epoch_plan()
             run = self.data_plane.run(
                 plan, side=TRAINER, rank=self.plan_rank, tensors=self.tensors, dst=None,
-                tag=f"v{version}", on_round=self.on_round,
+                tag=f"v{version}", on_round=self.on_round, version=version,
             )
             t_ack = time.perf_counter()
             self._await_acks(ann, roster)
@@ -160,6 +160,7 @@ class TrainerBridge(Endpoint):
             version=version, seq=ann.seq, epoch=ann.epoch, mode=self.mode, bytes_sent=run.bytes_sent,
             wire_bytes=plan.wire_bytes, seconds=time.perf_counter() - t0, transfer_s=run.seconds,
             wait_s=wait_s, num_rounds=plan.num_rounds, new_epoch=new_epoch,
+            wire_sent=run.wire_sent if run.wire_sent >= 0 else run.bytes_sent, delta_buckets=run.delta_buckets,
         )
 
     # -- trainer rank 0: the coordinator's I/O ------------------------------------------------

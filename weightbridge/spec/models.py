@@ -241,6 +241,15 @@ class SyncSpec(_Strict):
         description="Receiver de-replication: rollout instances forward replicated pieces to each other instead of "
         "each receiving them from the trainer; auto: as the cost model decides.",
     )
+    delta: OnOffAuto = Field(
+        default="off",
+        description="Delta updates: each sender keeps what it last sent per planned bucket and sends a bucket as "
+        "the elements that changed since (a bitmap or index runs, plus values) when that is smaller than the bucket; "
+        "a receiver applies a delta only onto the exact version it was computed against (new epochs start full). "
+        "auto: per bucket, from the measured change (a bucket that barely shrinks is sent in full for a while). "
+        "Memory: each sender keeps one copy of the bytes it sends per push (the wire dtype, e.g. bf16); receivers "
+        "none, but their receive tensors must only be written by the bridge (`weightbridge docs delta`).",
+    )
     heartbeat_s: float = Field(
         default=1.0, gt=0, le=3600, allow_inf_nan=False,
         description="Heartbeat period in seconds; a rank silent for max(10 x heartbeat_s, 3 s) is declared dead.",

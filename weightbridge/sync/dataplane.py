@@ -9,9 +9,10 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
 1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=..., roster=...)`` once
    per epoch, after the handshake; returns when every member connected (or raises). ``roster`` is
    the epoch's :class:`~weightbridge.sync.roster.Roster` (errors name spec ranks through it).
-2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=...)`` once per push, on every
-   member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
-   in the plan's exchange rounds and local copies).
+2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=..., version=...)`` once per push, on
+   every member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
+   in the plan's exchange rounds and local copies). ``version`` is the pushed version (with
+   ``sync.delta`` the base of the next push's deltas; a data plane may ignore it).
 3. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure).
 
 A data plane whose channel is not authenticated by itself (the real one: the bridge group's
@@ -32,9 +33,12 @@ from weightbridge.sync.roster import Roster
 
 
 class RunStats(NamedTuple):
-    bytes_sent: int
+    bytes_sent: int  # payload (plan) bytes
     bytes_received: int
     seconds: float
+    wire_sent: int = -1  # bytes put on the wire (headers and deltas included); -1: not measured
+    wire_received: int = -1
+    delta_buckets: int = 0  # buckets this rank sent as deltas (sync.delta)
 
 
 class DataPlane(Protocol):
@@ -53,6 +57,7 @@ class DataPlane(Protocol):
         dst: Mapping[str, torch.Tensor] | None,
         tag: str,
         on_round: Callable[[int], None] | None = None,
+        version: int = 0,
     ) -> RunStats: ...
 
     def close(self, abort: bool = False) -> None: ...
@@ -69,8 +74,10 @@ class TransportDataPlane:
         chunk_bytes: int | None = None,
         checksums: bool = False,
         signer: Any = None,
+        delta: str = "off",
     ) -> None:
-        """``signer``: the job secret's :class:`~weightbridge.sync.auth.Signer`; seals the group's rendezvous."""
+        """``signer``: the job secret's :class:`~weightbridge.sync.auth.Signer`; seals the group's rendezvous.
+        ``delta``: ``sync.delta`` (the executor of each epoch keeps what it sent; a new epoch starts full)."""
         from weightbridge.transport.group import backend_for
 
         self.device = torch.device(device)
@@ -78,6 +85,7 @@ class TransportDataPlane:
         self.chunk_bytes = chunk_bytes
         self.checksums = checksums
         self.signer = signer
+        self.delta = delta
         self.group: Any = None
         self._executor: tuple[tuple, Any] | None = None  # (key, Executor) of the last plan run
 
@@ -118,19 +126,23 @@ class TransportDataPlane:
         dst: Mapping[str, torch.Tensor] | None,
         tag: str,
         on_round: Callable[[int], None] | None = None,
+        version: int = 0,
     ) -> RunStats:
         from weightbridge.transport.executor import Executor
 
-        kwargs: dict[str, Any] = {"side": side, "rank": rank, "device": self.device, "checksums": self.checksums}
+        kwargs: dict[str, Any] = {"side": side, "rank": rank, "device": self.device, "checksums": self.checksums,
+                                  "delta": self.delta}
         if self.chunk_bytes is not None:
             kwargs["chunk_bytes"] = self.chunk_bytes
         hook = None if on_round is None else (lambda index, _stats: on_round(index))
-        # One executor per (plan, group): its wire slabs are reused across updates instead of reallocated.
+        # One executor per (plan, group): its wire slabs are reused across updates instead of reallocated,
+        # and with sync.delta it keeps what was sent and held (a new group, i.e. a new epoch, starts full).
         key = (plan.plan_hash, side, rank, id(self.group))
         if self._executor is None or self._executor[0] != key:
             self._executor = (key, Executor(plan, self.group, **kwargs))
-        stats = self._executor[1].run(tensors, dst=dst, on_round=hook)
-        return RunStats(int(stats.bytes_sent), int(stats.bytes_received), float(stats.seconds))
+        stats = self._executor[1].run(tensors, dst=dst, on_round=hook, version=version)
+        return RunStats(int(stats.bytes_sent), int(stats.bytes_received), float(stats.seconds),
+                        int(stats.wire_bytes_sent), int(stats.wire_bytes_received), int(stats.delta_buckets))
 
     def close(self, abort: bool = False) -> None:
         self._executor = None

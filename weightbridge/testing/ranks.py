@@ -25,11 +25,27 @@ def key(*parts: object) -> str:
     return "/".join([TEST_KEYS, *map(str, parts)])
 
 
-def expected_weights(resolved, version: int) -> dict[str, Any]:
-    """The canonical weights of ``version``: the same in every process (seeded by version)."""
+SPARSE_FRACTION = 0.02  # "sparse" scripts: the share of elements each version redraws
+
+
+def expected_weights(resolved, version: int, sparse: bool = False) -> dict[str, Any]:
+    """The canonical weights of ``version``: the same in every process (seeded by version).
+
+    ``sparse``: a fixed base with :data:`SPARSE_FRACTION` of its elements redrawn per version, so
+    consecutive versions differ in about twice that share (what a delta update sends)."""
+    import torch
+
     from weightbridge.tensors import canonical_tensors
 
-    return canonical_tensors(resolved.canonical, seed=1000 + version)
+    if not sparse:
+        return canonical_tensors(resolved.canonical, seed=1000 + version)
+    out = canonical_tensors(resolved.canonical, seed=1000)
+    fresh = canonical_tensors(resolved.canonical, seed=5000 + version)
+    g = torch.Generator().manual_seed(version)
+    for name in sorted(out):
+        mask = torch.rand(out[name].shape, generator=g) < SPARSE_FRACTION
+        out[name][mask] = fresh[name][mask]
+    return out
 
 
 def wait_key(store, name: str, deadline: float, why: str) -> None:
@@ -121,16 +137,17 @@ def trainer_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     for v in s["versions"]:
         for name in s.get("wait_keys", {}).get(v, ()):
             wait_key(store, name, deadline, f"{name} before pushing version {v}")
-        side.load_weights(iter(expected_weights(resolved, v).items()))
+        side.load_weights(iter(expected_weights(resolved, v, s.get("sparse", False)).items()))
         t0 = time.time()
         try:
-            side.push(v)
+            result = side.push(v)
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             events.append(error_event(exc, version=v, start=t0))
             if s.get("stop_on_error", True):
                 break
             continue
-        events.append({"kind": "pushed", "version": v, "start": t0, "time": time.time()})
+        events.append({"kind": "pushed", "version": v, "start": t0, "time": time.time(),
+                       "delta_buckets": getattr(result, "delta_buckets", None)})
         store.set(key("pushed", ctx.rank, v), "1")
     store.set(key("trainer-done", ctx.rank), "1")
     side.close()
@@ -210,7 +227,7 @@ def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
                 t0 = time.time()
                 v = unit.apply()
                 seen = unit.version
-                want = expected_weights(resolved, v)
+                want = expected_weights(resolved, v, s.get("sparse", False))
                 bad = {r: mismatches(resolved.rollout.ranks[r], unit.tensors(r), want) for r in ctx.ranks}
                 events.append({"kind": "applied", "version": v, "seen": seen, "start": t0, "bad": bad})
                 if v >= s["last"]:

@@ -69,6 +69,11 @@ _ALL = (
     _r("async.staleness.bound", "async",
        "In async mode, when push(v) returns, every rollout rank has applied at least v - max_staleness.",
        "apply() must ack through RolloutBridge.apply(); do not bypass the bridge when making weights live"),
+    _r("delta.push.bitwise", "delta",
+       "With sync.delta on, every version a rollout rank applies equals the trainer's weights of that version "
+       "bitwise, while each push changes few elements and travels as deltas.",
+       "the receive tensors must be written only by the bridge between pushes (deltas apply onto them): an engine "
+       "that rewrites, re-allocates or casts them gets DeltaBaseMismatch or wrong weights"),
     _r("fault.sender-dies.typed-error", "sender-dies",
        "A trainer rank killed mid-push makes every surviving rank raise a typed BridgeError within the deadline.",
        "let BridgeError subclasses propagate from push() and poll(); do not catch and retry them"),

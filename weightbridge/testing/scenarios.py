@@ -11,6 +11,7 @@ sender-dies    sync; the last trainer rank is SIGKILLed after round 0 of version
 receiver-dies  sync; the last rollout unit is SIGKILLed after round 0 of version 2
 no-receiver    trainers only; push(1) must fail in time
 late-joiner    the last instance starts after version 1 was pushed; versions 1..3
+delta          sync, ``sync.delta: on``; versions 1..6, each redrawing 2% of the elements
 handshake      the last rollout unit gets a spec with another round_bytes (another spec hash)
 =============  ==============================================================================
 """
@@ -268,6 +269,12 @@ class Runner:
                               wait_keys={3: [key("ready/rollout", x) for x in late_ranks]})
         return self._go("late-joiner", spec, lambda port: self._trainers(spec, port, tr)
                         + self._rollouts(spec, port, ro, late=(late, key("pushed", 0, 1))))
+
+    def _delta(self) -> ScenarioRun:
+        spec = self._spec("delta", mode="sync", delta="on")
+        tr, ro = self._common(list(range(1, 7)), sparse=True)
+        ro["sparse"] = True
+        return self._go("delta", spec, lambda port: self._trainers(spec, port, tr) + self._rollouts(spec, port, ro))
 
     def _handshake(self) -> ScenarioRun:
         spec = self._spec("handshake", mode="sync")

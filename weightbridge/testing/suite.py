@@ -139,7 +139,7 @@ class ConformanceSuite:
         self._layout(wb_runner, "layout.rollout.probe-agrees", "rollout", probed=True)
 
     # -- landing updates ---------------------------------------------------------------------
-    def _bitwise(self, wb_runner, req: str, scenario: str, last: int) -> None:
+    def _bitwise(self, wb_runner, req: str, scenario: str, last: int, more=None) -> None:
         run = wb_runner.run(scenario)
         v = Verdict(req, run)
         if v.processes_ok():
@@ -150,6 +150,8 @@ class ConformanceSuite:
                 for e in applied:
                     bad = first_bad(e["bad"])
                     v.expect(not bad, f"{proc.label} version {e['version']}: {bad}")
+            if more is not None:
+                more(v, run)
         v.done()
 
     @requirement("sync.push.bitwise")
@@ -159,6 +161,16 @@ class ConformanceSuite:
     @requirement("async.push.bitwise")
     def test_async_pushes_land_bitwise(self, wb_runner):
         self._bitwise(wb_runner, "async.push.bitwise", "async", 4)
+
+    @requirement("delta.push.bitwise")
+    def test_delta_pushes_land_bitwise(self, wb_runner):
+        def deltas_were_sent(v, run) -> None:
+            for proc in run.role("trainer"):  # when push() returns the bridge's PushStats
+                later = [e["delta_buckets"] for e in proc.of("pushed")[1:] if e.get("delta_buckets") is not None]
+                v.expect(not later or any(later),
+                         f"{proc.label}: pushes 2..6 sent no delta bucket ({later}): is sync.delta on in the spec used?")
+
+        self._bitwise(wb_runner, "delta.push.bitwise", "delta", 6, more=deltas_were_sent)
 
     @requirement("sync.version.monotonic")
     def test_applied_versions_increase_to_the_last_push(self, wb_runner):

@@ -49,6 +49,20 @@ class ChecksumError(TransportError):
         super().__init__(rank, peer, round, message, **names)
 
 
+class DeltaBaseMismatch(TransportError):
+    """A delta bucket from ``peer`` was computed against a version this rank does not hold for those
+    elements (``sync.delta``): nothing of it is applied. The next push of a new epoch sends full buckets."""
+
+
+class MalformedBucket(TransportError):
+    """A bucket from ``peer`` cannot be read: its header or delta encoding is invalid, or it carries
+    another version than the one being received (nothing of it is applied)."""
+
+
+# Errors a receiver finds in what it received itself: the root cause of a failed push, never a symptom.
+RECEIVER_FINDINGS = (ChecksumError, DeltaBaseMismatch, MalformedBucket)
+
+
 def classify(exc: BaseException) -> type[TransportError]:
     """Map a backend exception to :class:`PeerTimeout` or :class:`PeerDisconnected` by its message."""
     text = str(exc).lower()

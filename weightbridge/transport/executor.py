@@ -56,6 +56,16 @@ spare core to overlap with): inline 0.27-0.39 s, thread 0.27-0.45 s, off 0.22-0.
 (run-to-run noise is larger than the differences); overlap pays where packing and moving bytes
 use different resources (GPU copy engines vs NIC, spare cores).
 
+**Delta updates** (``delta="on"`` / ``"auto"``, ``sync.delta``): each bucket's wire buffer gets a
+64-byte header (version, the version a delta applies onto, length) and is sent as the elements that
+changed since this executor's previous run when that is smaller
+(:mod:`weightbridge.transport.delta`: encoded in *pre*, checked and applied in *post*). Wave 0 then
+moves the first 4 KiB of every message (the header, with the message's length); a receiver cuts the
+rest once it arrived, exactly as the sender did. Receivers raise
+:class:`~weightbridge.transport.errors.DeltaBaseMismatch` for a delta computed against a version their
+destination does not hold, :class:`~weightbridge.transport.errors.MalformedBucket` for bytes they
+cannot read; any failed run drops the executor's delta state (the next run sends full buckets).
+
 **Deadlines and errors.** Every wait is bounded by ``group.timeout_s``. A failure is raised as a
 :class:`~weightbridge.transport.errors.TransportError` subclass naming this bridge rank, the peer
 and the round: :class:`PeerTimeout` (deadline passed), :class:`PeerDisconnected` (connection closed,
@@ -75,7 +85,9 @@ import torch
 from weightbridge.layout.box import in_bounds
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, TransferPlan
 from weightbridge.tensors import apply_local_copies
-from weightbridge.transport.errors import TransportError, classify
+from weightbridge.tensors import dtype_name
+from weightbridge.transport import delta as wd
+from weightbridge.transport.errors import MalformedBucket, TransportError, classify
 from weightbridge.transport.group import BridgeGroup, wait_work
 from weightbridge.transport.pipeline import ExecStats, RoundPipeline
 from weightbridge.transport.wire import CHECKSUM_BYTES, Transfer, chunk_bounds, wire_buffer
@@ -99,6 +111,10 @@ class Executor:
     overlap : ``"auto"`` (= ``"inline"``), ``"inline"``, ``"thread"`` or ``"off"`` (module docstring);
         ``True`` / ``False`` mean ``"thread"`` / ``"off"``. May differ between ranks.
     keep_buffers : keep the wire slabs allocated between runs (see :meth:`release_buffers`).
+    delta : ``"off"`` (default), ``"on"`` or ``"auto"``: send each bucket as the elements that changed
+        since this executor's previous run when that is smaller (:mod:`weightbridge.transport.delta`);
+        **equal on every rank** (it shapes the wire). Receivers then need destination dtypes equal to
+        the wire dtypes, and destinations that only the bridge writes between runs.
     """
 
     def __init__(
@@ -113,6 +129,7 @@ class Executor:
         checksums: bool = False,
         overlap: Overlap | bool = "auto",
         keep_buffers: bool = True,
+        delta: str = "off",
     ) -> None:
         if side not in (TRAINER, ROLLOUT):
             raise ValueError(f"side must be 'trainer' or 'rollout', got {side!r}")
@@ -126,6 +143,8 @@ class Executor:
             overlap = "inline"
         if overlap not in ("inline", "thread", "off"):
             raise ValueError(f"overlap must be auto, inline, thread or off, got {overlap!r}")
+        if delta not in wd.MODES:
+            raise ValueError(f"delta must be off, auto or on, got {delta!r}")
         if plan.num_senders != group.num_trainers or plan.num_senders + plan.num_receivers != group.world_size:
             raise ValueError(
                 f"plan is for {plan.num_senders} trainer + {plan.num_receivers} rollout ranks, but the bridge "
@@ -149,6 +168,15 @@ class Executor:
         self.overlap: str = overlap
         self.keep_buffers = bool(keep_buffers)
         self.trailer = CHECKSUM_BYTES if checksums else 0
+        self.delta = delta
+        self.header = wd.HEADER_BYTES if delta != "off" else 0
+        # sync.delta state (module docstring of transport.delta): per bucket of this rank, keyed by
+        # (round, src_side, sender, receiver); dropped whenever a run fails.
+        self._send: dict[tuple, wd.SendState] = {}
+        self._held: dict[tuple, int] = {}  # receiving: the version the destination holds for the bucket
+        self._geo: dict[tuple, wd.Geometry] = {}
+        self._marks: tuple | None = None  # the destination tensors after the last run (identity, version)
+        self._runs = 0
         # (round index, sends, recvs) for the rounds this rank takes part in, in plan order.
         self.my_rounds: list[tuple[int, list[Bucket], list[Bucket]]] = []
         for rnd in plan.rounds:
@@ -158,11 +186,45 @@ class Executor:
                 self.my_rounds.append((rnd.index, sends, recvs))
         self.local_copies = [c for c in plan.local_copies if side == ROLLOUT and c.rank == rank]
         self.slab_bytes = max(
-            (sum(b.nbytes + self.trailer for b in sends + recvs) for _, sends, recvs in self.my_rounds), default=0
+            (sum(self.capacity(b) for b in sends + recvs) for _, sends, recvs in self.my_rounds), default=0
         )
         self._slabs: list[torch.Tensor | None] = [None, None]
 
     # -- buffers ------------------------------------------------------------
+    def capacity(self, b: Bucket) -> int:
+        """Slab bytes of one bucket: its wire buffer (with ``delta``: header, rounded up to 8 bytes so
+        every buffer and payload is aligned for integer views)."""
+        if self.delta == "off":
+            return b.nbytes + self.trailer
+        return -(-(self.header + b.nbytes + self.trailer) // 8) * 8
+
+    @staticmethod
+    def bucket_key(round_index: int, b: Bucket) -> tuple:
+        return (round_index, b.src_side, b.sender, b.receiver)
+
+    def geometry(self, key: tuple, b: Bucket) -> wd.Geometry:
+        geo = self._geo.get(key)
+        if geo is None:
+            geo = self._geo[key] = wd.geometry(b)
+        return geo
+
+    def send_state(self, key: tuple) -> wd.SendState:
+        st = self._send.get(key)
+        if st is None:
+            st = self._send[key] = wd.SendState()
+        return st
+
+    def drop_delta_state(self) -> None:
+        """Forget what was sent and held (the next run sends full buckets; a delta arriving meanwhile
+        raises ``DeltaBaseMismatch``)."""
+        self._send.clear()
+        self._held.clear()
+        self._marks = None
+
+    def delta_cache_bytes(self) -> int:
+        """Bytes this rank keeps of what it last sent (``delta``; 0 otherwise)."""
+        return sum(st.cache.numel() for st in self._send.values() if st.cache is not None)
+
     def _slab(self, i: int) -> torch.Tensor:
         k = i % 2 if self.overlap != "off" else 0
         slab = self._slabs[k]
@@ -190,12 +252,15 @@ class Executor:
         """Raise ``ValueError`` (before any byte moves) when a tensor the plan names is missing or too small."""
         problems: list[str] = []
 
-        def check(m: Mapping[str, torch.Tensor], name: str, box, role: str) -> None:
+        def check(m: Mapping[str, torch.Tensor], name: str, box, role: str, wire: str | None = None) -> None:
             t = m.get(name)
             if t is None:
                 problems.append(f"{role} tensor {name!r} missing")
             elif not in_bounds(box, tuple(t.shape)):
                 problems.append(f"{role} tensor {name!r} of shape {list(t.shape)} does not contain box {list(box)}")
+            elif wire is not None and dtype_name(t.dtype) != wire:
+                problems.append(f"{role} tensor {name!r} is {dtype_name(t.dtype)} but its wire dtype is {wire} "
+                                "(delta updates write single elements: the dtypes must be equal)")
 
         for _, sends, recvs in self.my_rounds:
             for b in sends:
@@ -203,7 +268,8 @@ class Executor:
                     check(source, it.src_tensor, it.src_box, "source")
             for b in recvs:
                 for it in b.items:
-                    check(target or {}, it.dst_tensor, it.dst_box, "destination")
+                    check(target or {}, it.dst_tensor, it.dst_box, "destination",
+                          it.dtype if self.delta != "off" else None)
             if len(problems) > 20:
                 break
         for c in self.local_copies:
@@ -220,6 +286,7 @@ class Executor:
         dst: Mapping[str, torch.Tensor] | None = None,
         *,
         on_round: Callable[[int, ExecStats], None] | None = None,
+        version: int | None = None,
     ) -> ExecStats:
         """Move this rank's part of the update.
 
@@ -230,6 +297,9 @@ class Executor:
         covers (padding) are not written.
         ``on_round(round_index, stats)`` is called on the calling thread after each round's
         transfers completed (with ``overlap="thread"`` its unpack may still be running).
+        ``version``: what this update is (``delta``: carried by every bucket, checked by the receiver,
+        and the base of the next run's deltas); default: this executor's run count, which matches on
+        every rank as long as every rank runs every update.
         Raises :class:`TransportError` subclasses on communication failures (see module docstring),
         ``ValueError`` before any transfer when a named tensor is missing or too small.
         """
@@ -242,9 +312,14 @@ class Executor:
             target = dst if dst is not None else tensors
             source = target
         self.check_tensors(source, target)
+        self._runs += 1
+        version = self._runs if version is None else int(version)
+        if self.delta != "off" and target is not None and self._marks != _marks(target, self._dst_names()):
+            self._held.clear()  # the destination was replaced or written by someone else: it holds nothing known
         try:
-            stats = RoundPipeline(self, source, target).run(on_round)
+            stats = RoundPipeline(self, source, target, version).run(on_round)
         except BaseException as exc:
+            self.drop_delta_state()
             # The failed frames below hold the in-flight Work objects, which keep the Gloo context and
             # its sockets alive: a peer blocked on this rank would only give up at its deadline, since
             # Gloo's abort()/shutdown() close nothing. Drop them so group.close() really disconnects.
@@ -252,36 +327,74 @@ class Executor:
             raise
         if self.local_copies:
             stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
+        if self.delta != "off" and target is not None:
+            self._marks = _marks(target, self._dst_names())
+        stats.delta_cache_bytes = self.delta_cache_bytes()
         for dev in {self.wire_device, self.device}:
             if dev.type == "cuda":
                 torch.cuda.current_stream(dev).synchronize()
         stats.seconds = time.perf_counter() - t0
         return stats
 
+    def _dst_names(self) -> set[str]:
+        names = {it.dst_tensor for _, _, recvs in self.my_rounds for b in recvs for it in b.items}
+        return names | {c.dst_tensor for c in self.local_copies}
+
     def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
         """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
 
     # -- comm ---------------------------------------------------------------
-    def _exchange(self, round_index: int, transfers: list[Transfer], after_issue: Callable[[], None]) -> int:
+    def _cuts(self, tr: Transfer) -> list[tuple[int, int]]:
+        """The P2P chunks of a transfer; with ``delta`` a receiver knows only the first one until it arrived."""
+        if self.delta == "off":
+            return chunk_bounds(tr.nbytes, self.chunk_bytes)
+        if not tr.send:
+            return wd.message_cuts(0, tr.nbytes, self.chunk_bytes)
+        return wd.message_cuts(tr.length, tr.nbytes, self.chunk_bytes)
+
+    def _learn(self, tr: Transfer, round_index: int) -> list[tuple[int, int]]:
+        """``delta``, receiving: read the header from the first chunk; the rest of the message's cuts."""
+        try:
+            tr.header = wd.read_header(wire_buffer(tr, self.group, round_index), tr.nbytes, self.trailer)
+        except ValueError as exc:
+            raise self.group.error(MalformedBucket, tr.peer, round_index, str(exc)) from None
+        tr.length = tr.header.length + self.trailer
+        return wd.message_cuts(tr.length, tr.nbytes, self.chunk_bytes)
+
+    def _exchange(self, round_index: int, transfers: list[Transfer], after_issue: Callable[[], None]) -> tuple[int, int, int]:
         """All chunks of one round, wave by wave; ``after_issue()`` runs once, after the first wave
-        is issued and before it is waited for. Returns the number of P2P ops issued."""
-        cuts = [chunk_bounds(tr.nbytes, self.chunk_bytes) for tr in transfers]
-        waves = max((len(c) for c in cuts), default=0)
-        issued = 0
+        is issued and before it is waited for. Returns ``(P2P ops issued, bytes sent, bytes received)``.
+
+        With ``delta`` wave 0 carries the first :data:`~weightbridge.transport.delta.FIRST_BYTES` of every
+        message (the header with its length); a receiver cuts the rest once wave 0 arrived, exactly as
+        the sender did (:func:`~weightbridge.transport.delta.message_cuts`)."""
+        cuts = [self._cuts(tr) for tr in transfers]
+        issued = sent = received = 0
         called = False
-        for k in range(waves):
+        k = 0
+        while True:
             ops = [(tr, cut[k]) for tr, cut in zip(transfers, cuts) if k < len(cut)]
-            works = self._issue(round_index, ops, k, waves)
+            if not ops:
+                break
+            works = self._issue(round_index, ops, k, max(len(c) for c in cuts))
             issued += len(ops)
+            for tr, (lo, hi) in ops:
+                if tr.send:
+                    sent += hi - lo
+                else:
+                    received += hi - lo
             deadline = time.monotonic() + self.group.timeout_s
             if not called:
                 called = True
                 after_issue()
             for work, peers, what in works:
                 wait_work(self.group, work, peers=peers, round_index=round_index, what=what, deadline=deadline)
+            if k == 0 and self.delta != "off":
+                cuts = [c if tr.send else self._learn(tr, round_index) for tr, c in zip(transfers, cuts)]
+            k += 1
         if not called:
             after_issue()
-        return issued
+        return issued, sent, received
 
     def _issue(self, round_index: int, ops: list[tuple[Transfer, tuple[int, int]]], k: int, waves: int):
         """Issue one wave. Returns ``[(work, peers, description)]``."""
@@ -313,3 +426,20 @@ class Executor:
             peer = ops[0][0].peer if ops else None
             raise self.group.error(classify(exc), peer, round_index, f"issuing P2P ops: {exc}") from exc
         return out
+
+
+def _marks(target: Mapping[str, torch.Tensor], names: set[str]) -> tuple:
+    """Which tensors ``target`` holds and whether they were written since (torch's in-place version
+    counter; tensors created under inference mode have none: their identity only)."""
+    out = []
+    for name in sorted(names):
+        t = target.get(name)
+        if t is None:
+            out.append((name, None))
+            continue
+        try:
+            counter = t._version
+        except RuntimeError:
+            counter = None
+        out.append((name, t.data_ptr(), tuple(t.shape), t.dtype, counter))
+    return tuple(out)

@@ -23,7 +23,8 @@ import torch
 from weightbridge.errors import ProtocolError
 from weightbridge.plan.types import ROLLOUT
 from weightbridge.tensors import pack_items, unpack_items
-from weightbridge.transport.errors import ChecksumError
+from weightbridge.transport import delta as wd
+from weightbridge.transport.errors import ChecksumError, DeltaBaseMismatch, MalformedBucket
 from weightbridge.transport.wire import Transfer, checksum, read_trailer, wire_buffer, write_trailer
 
 if TYPE_CHECKING:
@@ -46,6 +47,16 @@ class ExecStats:
     wait_seconds: float = 0.0  # main thread blocked on the worker (pack not ready / unpack not done)
     chunks: int = 0  # P2P ops issued
     local_copies: int = 0
+    wire_bytes_sent: int = 0  # bytes this rank put on the wire (headers, trailers, deltas: what moved)
+    wire_bytes_received: int = 0
+    # sync.delta (zero when off): buckets this rank sent as deltas / in full, elements compared and changed
+    delta_buckets: int = 0
+    full_buckets: int = 0
+    compared_elements: int = 0
+    changed_elements: int = 0
+    encode_seconds: float = 0.0  # pack + compare + encode (part of pack_seconds)
+    decode_seconds: float = 0.0  # checks + decode + writes (part of unpack_seconds)
+    delta_cache_bytes: int = 0  # what this rank keeps of its last sends
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -83,8 +94,9 @@ class RoundPipeline:
     """The state of one run: the source and target tensors, the stats, the worker and its futures."""
 
     def __init__(self, ex: Executor, source: Mapping[str, torch.Tensor],
-                 target: Mapping[str, torch.Tensor] | None) -> None:
+                 target: Mapping[str, torch.Tensor] | None, version: int = 0) -> None:
         self.ex = ex
+        self.version = version
         self.source = source
         self.target = target
         self.stats = ExecStats()
@@ -128,7 +140,10 @@ class RoundPipeline:
         stats.wait_seconds += time.perf_counter() - tw
         self.pending = None
         tc = time.perf_counter()
-        stats.chunks += ex._exchange(ridx, transfers, after_issue=lambda: self.pack_ahead(i))
+        ops, sent, received = ex._exchange(ridx, transfers, after_issue=lambda: self.pack_ahead(i))
+        stats.chunks += ops
+        stats.wire_bytes_sent += sent
+        stats.wire_bytes_received += received
         stats.round_seconds.append(time.perf_counter() - tc)
         stats.round_indices.append(ridx)
         stats.rounds += 1
@@ -154,17 +169,22 @@ class RoundPipeline:
         out: list[Transfer] = []
         off = 0
         for b in recvs:
-            tr = Transfer(b, ex._sender_bridge(b), False, b.nbytes + ex.trailer)
+            tr = Transfer(b, ex._sender_bridge(b), False, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
-            off += tr.nbytes
+            off += ex.capacity(b)
             out.append(tr)
         for b in sends:
-            tr = Transfer(b, ex._receiver_bridge(b), True, b.nbytes + ex.trailer)
+            tr = Transfer(b, ex._receiver_bridge(b), True, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
-            off += tr.nbytes
-            pack_items(b.items, self.source, tr.buf)
+            off += ex.capacity(b)
+            if ex.delta == "off":
+                pack_items(b.items, self.source, tr.buf)
+                end = b.nbytes
+            else:
+                end = self.encode(ridx, b, tr.buf)
+                tr.length = end + ex.trailer
             if ex.checksums:
-                write_trailer(tr.buf, b.nbytes, checksum(tr.buf[: b.nbytes]))
+                write_trailer(tr.buf, end, checksum(tr.buf[:end]))
             ex._after_pack(ridx, tr.peer, tr.buf)
             out.append(tr)
         with self.lock:
@@ -181,18 +201,67 @@ class RoundPipeline:
                 if tr.send:
                     continue
                 b, buf = tr.bucket, wire_buffer(tr, ex.group, ridx)
+                end = b.nbytes if ex.delta == "off" else tr.header.length
                 if ex.checksums:
-                    want, got = read_trailer(buf, b.nbytes), checksum(buf[: b.nbytes])
+                    want, got = read_trailer(buf, end), checksum(buf[:end])
                     if want != got:
                         raise ex.group.error(
                             ChecksumError, tr.peer, ridx,
-                            f"bucket of {b.nbytes} B from {ex.group.describe_rank(tr.peer)}: "
+                            f"bucket of {end} B from {ex.group.describe_rank(tr.peer)}: "
                             f"checksum {got:#x}, sender sent {want:#x}",
                         )
-                unpack_items(b.items, buf, self.target)  # type: ignore[arg-type]
+                if ex.delta == "off":
+                    unpack_items(b.items, buf, self.target)  # type: ignore[arg-type]
+                else:
+                    self.decode(ridx, tr, buf)
         finally:
             for tr in transfers:
                 tr.buf = None
             transfers.clear()
             with self.lock:
                 self.stats.unpack_seconds += time.perf_counter() - ts
+
+    # -- sync.delta ---------------------------------------------------------
+    def encode(self, ridx: int, b, buf: torch.Tensor) -> int:
+        """Pack send bucket ``b`` as a full bucket or a delta (:func:`weightbridge.transport.delta.encode_bucket`);
+        returns the message length before the trailer."""
+        ex = self.ex
+        key = ex.bucket_key(ridx, b)
+        t0 = time.perf_counter()
+        enc = wd.encode_bucket(buf, b, ex.geometry(key, b), self.source, ex.send_state(key),
+                               version=self.version, mode=ex.delta)
+        with self.lock:
+            st = self.stats
+            st.encode_seconds += time.perf_counter() - t0
+            if enc.kind == wd.DELTA:
+                st.delta_buckets += 1
+            else:
+                st.full_buckets += 1
+            if enc.changed >= 0:
+                st.compared_elements += enc.elements
+                st.changed_elements += enc.changed
+        return enc.length
+
+    def decode(self, ridx: int, tr: Transfer, buf: torch.Tensor) -> None:
+        """Check a received message against this rank's state and write it into the target."""
+        ex, h, b = self.ex, tr.header, tr.bucket
+        key = ex.bucket_key(ridx, b)
+        t0 = time.perf_counter()
+        peer = ex.group.describe_rank(tr.peer)
+        if h.version != self.version:
+            raise ex.group.error(MalformedBucket, tr.peer, ridx,
+                                 f"bucket from {peer} carries version {h.version}, this rank receives {self.version}")
+        held = ex._held.pop(key, None)  # while it is written the destination holds no known version
+        if h.kind == wd.DELTA and held != h.base:
+            raise ex.group.error(
+                DeltaBaseMismatch, tr.peer, ridx,
+                f"delta from {peer} applies onto version {h.base}, but this rank holds "
+                f"{'no known version' if held is None else f'version {held}'} of those elements",
+            )
+        try:
+            wd.decode_bucket(buf, b, ex.geometry(key, b), self.target, h)
+        except ValueError as exc:
+            raise ex.group.error(MalformedBucket, tr.peer, ridx, f"bucket from {peer}: {exc}") from None
+        ex._held[key] = self.version
+        with self.lock:
+            self.stats.decode_seconds += time.perf_counter() - t0

@@ -33,13 +33,15 @@ CHECKSUM_BYTES = 8
 class Transfer:
     """One bucket of one round seen from this rank: a wire buffer to send or to receive."""
 
-    __slots__ = ("bucket", "peer", "send", "buf", "nbytes")
+    __slots__ = ("bucket", "peer", "send", "buf", "nbytes", "length", "header")
 
     def __init__(self, bucket: Bucket, peer: int, send: bool, nbytes: int) -> None:
         self.bucket = bucket
         self.peer = peer
         self.send = send
-        self.nbytes = nbytes  # wire bytes incl. checksum trailer
+        self.nbytes = nbytes  # the wire buffer's size (with sync.delta: header + bucket + trailer, the most sent)
+        self.length = nbytes  # bytes of the message (sync.delta: known at pack time / from the header)
+        self.header: Any = None  # sync.delta, receiving: the message's header, read after the first chunk
         self.buf: torch.Tensor | None = None
 
 
