@@ -241,6 +241,37 @@ def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
         T.close()
 
 
+def test_a_rollout_restarted_mid_push_ends_the_trainers_wait_at_once_and_the_next_push_heals():
+    """The restarted rank's heartbeat (same key, a moving counter) hid its predecessor's death, so the
+    trainer waited for the dead process's ack until its deadline; its new join record ends the wait."""
+    timeout_s = 10.0
+    r = one_to_one("sync", timeout_s=timeout_s)
+    T = Threads()
+    engine = Engine(r, T.store, staging=False)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    restarted = None
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        engine.kill()  # dies serving version 1; its join record stays
+        T.start("t", push, trainer, r, tensors, 2)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        restarted = Engine(r, T.store, staging=False)  # the same rank, a new process
+        err = T.exception("t", timeout=30)
+        elapsed = time.monotonic() - t0
+        assert isinstance(err, PeerFailed) and "rollout 0 failed: restarted" in str(err), err
+        assert elapsed < SLACK_S, elapsed  # before: DeadlineExceeded at timeout_s
+        assert push(trainer, r, tensors, 3).version == 3
+        wait_until(lambda: restarted.applied and restarted.applied[-1][0] == 3, what="version 3 applied again")
+        assert not restarted.applied[-1][1], restarted.applied  # bitwise
+    finally:
+        if restarted is not None:
+            restarted.close()
+        trainer.close()
+        T.close()
+
+
 # -- every survivor raises in time ---------------------------------------------------------------
 def test_trainer_ranks_above_0_raise_in_time_when_trainer_0_fails_before_announcing_with_a_peer_failed():
     """Trainer 0's PeerFailed (a dead receiver, in the staleness wait) is relayed to trainer 1."""
@@ -309,6 +340,30 @@ def test_bad_values_under_the_ack_keys_read_as_no_ack_and_the_next_push_succeeds
         for v in (2, 3):
             for k in keys:
                 T.store.set(k, b"garbage")
+            assert push(trainer, r, tensors, v).version == v
+            wait_until(lambda: engine.bridge.version == v, what=f"version {v} applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+
+
+def test_a_replayed_older_applied_ack_is_replaced_and_the_next_async_push_succeeds():
+    """Issue 13 hostile run: a genuine old applied ack written back under the key held trainer 0's
+    staleness wait (the receiver seemed to lag) until the deadline, push after push."""
+    r = one_to_one("async", timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=True)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    (key,) = trainer.board.ack_keys("applied", [0])
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        old = T.store.get(key)
+        push(trainer, r, tensors, 2)
+        wait_until(lambda: engine.bridge.version == 2, what="version 2 applied")
+        T.store.set(key, old)  # the replay: sealed, genuine, but version 1's
+        for v in (3, 4):
             assert push(trainer, r, tensors, v).version == v
             wait_until(lambda: engine.bridge.version == v, what=f"version {v} applied")
     finally:

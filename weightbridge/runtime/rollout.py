@@ -235,9 +235,9 @@ class RolloutBridge(Endpoint):
             self._acked[stage] = ann
 
     def _repair(self, board: Board) -> None:
-        """Put back this rank's join record and latest acks if missing or unreadable (at most every
-        ``REJOIN_CHECK_S``): a deleted or garbage applied ack would otherwise hold trainer 0's
-        staleness wait until this rank applies again, which may never come."""
+        """Put back this rank's join record and latest acks if missing, unreadable or not the latest
+        (at most every ``REJOIN_CHECK_S``): a deleted, garbage or replayed older applied ack would
+        otherwise hold trainer 0's staleness wait until this rank applies again, which may never come."""
         self.rejoin_if_missing(board)
         now = time.monotonic()
         if self.closed or now < self._next_ack_check:
@@ -246,10 +246,12 @@ class RolloutBridge(Endpoint):
         with self._ack_lock:
             for stage, ann in self._acked.items():
                 try:
-                    present = board.ack_of(stage, self.rank) is not None
+                    ack = board.ack_of(stage, self.rank)
+                    current = ack is not None and (ack.epoch, ack.seq, ack.version, ack.nonce) == (
+                        ann.epoch, ann.seq, ann.version, board.nonce)
                 except (ProtocolError, ForgedMessage):
-                    present = False
-                if not present:
+                    current = False
+                if not current:
                     board.ack(stage, ann)
 
     def _announcement(self, board: Board) -> Announce | None:
@@ -322,7 +324,7 @@ class RolloutBridge(Endpoint):
             self._ack(board, "staged", ann)
         except BaseException as exc:
             cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
-            self.fail(board, cause)
+            self.fail(board, cause, ann.version)
             if keep_error:
                 self._keep(cause)
             if cause is not exc:

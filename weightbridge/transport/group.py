@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -127,6 +127,7 @@ def create_bridge_group(
     device: torch.device | str | None = None,
     roster: Roster | None = None,
     signer: Any = None,
+    watch: Callable[[], None] | None = None,
 ) -> BridgeGroup:
     """Create the bridge group on ``store`` (all ``world_size`` ranks call this; it returns when all joined).
 
@@ -137,7 +138,11 @@ def create_bridge_group(
     epoch's, from the control plane) names the ranks in errors; None: plan numbering. ``signer``
     (a :class:`~weightbridge.sync.auth.Signer` with the job secret): the rendezvous values (each
     rank's listening addresses, NCCL's unique id) are sealed with it (:class:`SealedStore`), so a
-    process without the secret cannot redirect a rank's connections to itself.
+    process without the secret cannot redirect a rank's connections to itself. ``watch`` (the
+    control plane's :meth:`~weightbridge.sync.control.ControlPlane.epoch_watch`) runs while this rank
+    waits for the others' rendezvous values; what it raises (a peer failed, died or restarted) ends the
+    creation at once and is raised here, instead of this rank waiting out ``timeout_s`` for a peer that
+    will never come (Gloo's own rendezvous cannot be interrupted otherwise).
     Raises :class:`~weightbridge.transport.errors.PeerTimeout` when not every rank joins within
     ``timeout_s``.
     """
@@ -154,8 +159,10 @@ def create_bridge_group(
         store = store.underlying()
     bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
     pstore = dist.PrefixStore(prefix.rstrip("/") + "/", store)
-    if signer is not None and signer.enabled:
-        pstore = SealedStore(pstore, signer, prefix.rstrip("/") + "/")
+    sealed = signer is not None and signer.enabled
+    if sealed or watch is not None:
+        pstore = SealedStore(pstore, signer if sealed else None, prefix.rstrip("/") + "/", watch=watch,
+                             timeout_s=timeout_s)
     try:
         if backend == "gloo":
             pg = _gloo(pstore, rank, world_size, timeout_s, bind_host)
@@ -166,6 +173,8 @@ def create_bridge_group(
     except TransportError:
         raise
     except Exception as exc:  # noqa: BLE001 - wrapped as a typed error naming this rank
+        if getattr(pstore, "aborted", None) is not None:
+            raise pstore.aborted from None  # the watch's finding (a peer failed, died or restarted)
         name = (roster or Roster.identity(num_trainers, world_size - num_trainers)).describe(rank)
         raise classify(exc)(rank, None, None, f"creating the {backend} bridge group failed: {exc}",
                             rank_name=name) from exc
@@ -198,29 +207,58 @@ def _gloo(pstore: Any, rank: int, world_size: int, timeout_s: float, bind_host: 
 
 
 class SealedStore(dist.Store):
-    """A store whose values are sealed with the job secret (``MAC || value``, bound to the full key).
+    """The bridge group's rendezvous store: values sealed with the job secret, waits that can be ended.
 
     The backends' rendezvous (c10d keys under the epoch's ``pg/`` prefix) goes through it: a value
     without the MAC raises :class:`~weightbridge.errors.ForgedMessage` (the group creation then fails
-    with a typed ``TransportError``) instead of connecting to whoever wrote it. ``add`` counters are
-    left as they are (the backends' own barriers).
+    with a typed ``TransportError``) instead of connecting to whoever wrote it (``signer`` None,
+    ``auth: off``: values as they are). ``get`` and ``wait`` poll for the keys instead of blocking
+    in the store, calling ``watch()`` in between: what it raises is kept in :attr:`aborted` and ends
+    the backend's rendezvous (:func:`create_bridge_group` raises it). ``add`` counters are left as
+    they are (the backends' own barriers).
     """
 
-    def __init__(self, inner: Any, signer: Any, prefix: str) -> None:
+    def __init__(self, inner: Any, signer: Any, prefix: str, *, watch: Callable[[], None] | None = None,
+                 timeout_s: float | None = None) -> None:
         super().__init__()
         self.inner, self.signer, self.prefix = inner, signer, prefix
+        self.watch, self.timeout_s = watch, timeout_s
+        self.aborted: BaseException | None = None
 
     def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, self.signer.seal(self.prefix + key, bytes(value)))
+        value = bytes(value)
+        self.inner.set(key, value if self.signer is None else self.signer.seal(self.prefix + key, value))
 
     def get(self, key: str) -> bytes:
-        return self.signer.open(self.prefix + key, self.inner.get(key), "bridge group rendezvous")
+        self._await([key], None)
+        value = self.inner.get(key)
+        return value if self.signer is None else self.signer.open(self.prefix + key, value, "bridge group rendezvous")
 
     def check(self, keys: list[str]) -> bool:
         return self.inner.check(keys)
 
     def wait(self, keys: list[str], timeout: Any = None) -> None:
-        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+        self._await(list(keys), timeout)
+
+    def _await(self, keys: list[str], timeout: Any) -> None:
+        """Poll until every key exists; the deadline: ``timeout``, else the group's ``timeout_s``, else the store's."""
+        if self.aborted is not None:
+            raise RuntimeError(f"bridge group rendezvous abandoned: {self.aborted}")
+        if timeout is None:
+            timeout = self.timeout_s if self.timeout_s is not None else self.inner.timeout
+        limit_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        deadline, sleep_s = time.monotonic() + limit_s, 0.001
+        while not self.inner.check(keys):
+            if self.watch is not None:
+                try:
+                    self.watch()
+                except BaseException as exc:  # noqa: BLE001 - kept, and raised by create_bridge_group
+                    self.aborted = exc
+                    raise RuntimeError(f"bridge group rendezvous abandoned: {exc}") from None
+            if time.monotonic() > deadline:  # c10d's wording: classify() makes it a PeerTimeout
+                raise RuntimeError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {', '.join(keys)}")
+            time.sleep(sleep_s)
+            sleep_s = min(sleep_s * 2, 0.01)
 
     def add(self, key: str, value: int) -> int:
         return self.inner.add(key, value)
