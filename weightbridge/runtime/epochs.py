@@ -28,7 +28,7 @@ from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
 from weightbridge.sync.dataplane import DataPlane, TransportDataPlane
 from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
-from weightbridge.sync.messages import Hello, Join, Keys
+from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,6 @@ class Endpoint:
         self.epoch = 0
         self.roster: Roster | None = None
         self.hellos: dict[RankId, Hello] = {}
-        self.member_joins: dict[RankId, Join] = {}  # the members' join records (the processes that said hello)
         self.plan: TransferPlan | None = None
         self.plan_rank = -1
         self.broken = False  # the epoch's bridge group is unusable (a push failed in it)
@@ -164,20 +163,17 @@ class Endpoint:
         self.data_plane.close(abort=self.broken)
         self.plan = None
         # Waits in this epoch end when a member restarts (its successor beats under the same key):
-        # the members' join records now (for the group: those of the processes that said hello).
-        joins = board.join_records(roster.members)
+        # compared with the members' join records now, then with the hellos (nonce, start) they sent.
         self.hellos = board.handshake(
             roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
-            deadline=deadline, joins=joins,
+            deadline=deadline, joins=board.join_records(roster.members), started=self.started_ms,
         )
-        joins = {who: j for who, j in joins.items() if who in self.hellos and self.hellos[who].nonce == j.nonce}
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,
-            watch=board.cp.epoch_watch(epoch, roster.members, joins),
+            watch=board.cp.epoch_watch(epoch, roster.members, self.hellos),
         )
-        self.member_joins = joins
         authenticate = getattr(self.data_plane, "authenticate", None)  # data senders prove the secret first
         if authenticate is not None:
             self.data_auth_s = authenticate(*data_check(plan, roster, self.me, self.hellos, self.signer))

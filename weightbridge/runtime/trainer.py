@@ -340,7 +340,7 @@ class TrainerBridge(Endpoint):
 
         self.cp.wait_for(
             [], self.cp.deadline(), f"every rollout rank to ack {stage} version {ann.version}",
-            ready=done, epoch=ann.epoch, watch=roster.members, joins=self.member_joins,
+            ready=done, epoch=ann.epoch, watch=roster.members, joins=self.hellos,
         )
 
     def close(self) -> None:

@@ -270,14 +270,14 @@ class ControlPlane:
         stop: threading.Event | None = None,
         progress: Callable[[], None] | None = None,
         only: Callable[[Failure], bool] | None = None,
-        joins: Mapping[RankId, Join] | None = None,
+        joins: Mapping[RankId, Join | Hello] | None = None,
     ) -> list[bytes]:
         """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their authenticated bodies.
 
         Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` (the
         ``since``-th and earlier are ignored: they concern an earlier push; with ``only``, just
         the failures it accepts count), a rank in ``watch`` stops heart-beating, or a rank in
-        ``joins`` (its join record when the wait's epoch began) joined again (it restarted);
+        ``joins`` (its join record or hello in the wait's epoch) joined again (it restarted);
         :class:`DeadlineExceeded` past ``deadline`` (a ``time.monotonic()`` value). ``stop`` set by
         another thread ends the wait with :class:`DeadlineExceeded` at once (used by ``close()``).
         ``progress()``, if given, runs once per iteration (work the waiter must keep doing so that
@@ -328,9 +328,9 @@ class ControlPlane:
                 self.monitor.mark_dead(who)
                 raise PeerFailed(self.me, who, f"no heartbeat for {silent:.1f}s (process died or hung)")
 
-    def check_restarts(self, joins: Mapping[RankId, Join]) -> None:
-        """:class:`PeerFailed` when a rank of ``joins`` (rank -> its join record in the epoch being waited
-        in) has joined again as a *later* process (another nonce, a later ``started``): the process
+    def check_restarts(self, joins: Mapping[RankId, Join | Hello]) -> None:
+        """:class:`PeerFailed` when a rank of ``joins`` (rank -> its join record, or its hello, in the epoch
+        being waited in) has joined again as a *later* process (another nonce, a later ``started``): the process
         that was a member is gone, and its successor's heartbeat (same key) hides that from
         :meth:`check_heartbeats`. A missing or unreadable record, or a replayed older one, proves
         nothing (a stranger may delete, overwrite or replay it) and is skipped."""
@@ -346,7 +346,8 @@ class ControlPlane:
                 raise PeerFailed(self.me, who, "restarted: a new process joined in its place, so the one "
                                  "that was a member of this epoch is gone")
 
-    def epoch_watch(self, epoch: int, members: Sequence[RankId], joins: Mapping[RankId, Join]) -> Callable[[], None]:
+    def epoch_watch(self, epoch: int, members: Sequence[RankId],
+                    joins: Mapping[RankId, Join | Hello]) -> Callable[[], None]:
         """A check for a rank blocked outside :meth:`wait_for` in ``epoch`` (the bridge group's
         rendezvous): it raises :class:`PeerFailed` as :meth:`wait_for` would (a failure published in
         ``epoch``, a silent member, a member of ``joins`` that restarted since).

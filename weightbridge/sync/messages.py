@@ -113,6 +113,7 @@ class Hello(_Message):
     dtype_diffs: tuple[str, ...] = ()  # "name: spec bfloat16, tensor float32" (first few)
     wire: str = ""  # data-plane options that shape the wire (e.g. "checksums=False")
     nonce: str
+    started: int = 0  # the rank process's start (ms), as in its Join: a later join record means it restarted
 
 
 class Announce(_Message):

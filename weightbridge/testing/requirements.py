@@ -92,8 +92,9 @@ _ALL = (
        "connect the RolloutBridge whenever the engine starts; never require the trainer to wait for it"),
     _r("auth.unauthenticated-sender.refused", "impostor",
        "A trainer process without the job secret gets no version applied, and the next genuine push lands bitwise.",
-       "every process must read the job secret from WEIGHTBRIDGE_SECRET or sync.secret_file: never hard-code "
-       "BridgeOptions(secret=...) and keep sync.auth required"),
+       "the suite gives the impostor processes another WEIGHTBRIDGE_SECRET: take the job secret from it (or "
+       "sync.secret_file), not from BridgeOptions(secret=...) fed by code or a file of your own; keep sync.auth "
+       "required"),
     _r("handshake.mismatch.before-data", "handshake",
        "A rank with a different spec makes every rank raise HandshakeMismatch before any weight changes.",
        "every rank must build its bridge from ctx.spec_path (the same spec everywhere)"),
