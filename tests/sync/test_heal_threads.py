@@ -224,6 +224,52 @@ def test_bad_announcement_values_are_typed_errors_at_poll_and_later_pushes_arriv
 
 
 @pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_a_replayed_old_announcement_is_ignored(staging):
+    """Issue 13 hostile run (every kind under every key): a genuine old announcement written back made
+    a rollout rank receive the push in flight as that old version (bytes of v20 served as v1); an
+    announcement older than the last one handled is no push."""
+    r = one_to_one("sync", timeout_s=1.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=staging)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    key = trainer.board.announcement_key()
+    try:
+        push(trainer, r, tensors, 1)
+        old = T.store.get(key)
+        push(trainer, r, tensors, 2)
+        wait_until(lambda: engine.bridge.version == 2, what="version 2 applied")
+        T.store.set(key, old)  # the replay: sealed with the secret, but push 1's
+        time.sleep(1.5)  # before: the rank received "version 1" again (a rollback, or torn when it failed)
+        assert engine.errors == [] and not engine.bridge.torn and engine.bridge.version == 2, engine.errors
+        assert push(trainer, r, tensors, 3).version == 3
+        wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert [v for v, _ in engine.applied] == [1, 2, 3] and all(bad == [] for _, bad in engine.applied)
+
+
+def test_garbage_planted_under_an_epochs_hello_keys_does_not_fail_its_handshake():
+    """Issue 13 hostile run (every kind under every key): garbage written under hello keys of an epoch
+    before it began failed that epoch's push (ForgedMessage); each member overwrites its own key."""
+    r = one_to_one("sync", timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=True)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    try:
+        for who in ("trainer/0", "rollout/0"):
+            T.store.set(trainer.board.keys.hello(1, who), b"planted garbage")  # epoch 1: the first push's
+        assert push(trainer, r, tensors, 1).version == 1 and trainer.epoch == 1
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert engine.errors == [] and engine.applied[-1][0] == 1 and not engine.applied[-1][1]
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
 def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
     r = one_to_one("sync", timeout_s=2.0)
     T = Threads()

@@ -14,8 +14,8 @@ keeps a staged version from being superseded while the instance agrees on it.
 Robust reading: the announcement is read through :meth:`RolloutBridge._announcement`; a bad value
 under its key (garbage, another message kind, oversized, unauthenticated) is a typed
 ``BadMessage`` raised once, at the next ``poll()`` / ``apply()``, and the receive thread keeps
-serving later genuine announcements. Any *change* of the announcement is a new push, so no
-value (a seq of 10**12) can make the rank ignore the real ones after it. Every loop also puts
+serving later genuine announcements. An announcement later than the last one handled is a new
+push (:func:`~weightbridge.runtime.coordinator.receives`); a replayed older one is ignored. Every loop also puts
 back this rank's join record and its latest acks if they vanished or were overwritten with bad
 values (:meth:`RolloutBridge._repair`): trainer 0 reads them for membership and the staleness bound.
 """
@@ -70,7 +70,7 @@ class RolloutBridge(Endpoint):
         except (ProtocolError, ForgedMessage):
             ann = None
         # pushes before joining are not ours: (epoch, seq) of the last announcement handled
-        self._handled: tuple[int, int] | None = None if ann is None else (ann.epoch, ann.seq)
+        self._handled: tuple[int, int, int] | None = None if ann is None else ann.order
         self._stop = threading.Event()
         # Held by the receive thread for a whole receive, and by the instance agreement while the
         # instance's ranks decide on the staged version (runtime/instance.py).
@@ -150,7 +150,7 @@ class RolloutBridge(Endpoint):
         self._repair(self.board)
         if not self.staging:
             ann = self._announcement(self.board)
-            if ann is not None and co.receives((ann.epoch, ann.seq), self._handled):
+            if ann is not None and co.receives(ann.order, self._handled):
                 self._receive(self.board, ann, keep_error=False)
         return self.ready()
 
@@ -285,7 +285,7 @@ class RolloutBridge(Endpoint):
                 self._keep(exc)
                 self._stop.wait(0.005 if isinstance(exc, BadMessage) else 0.1)
                 continue
-            if ann is None or not co.receives((ann.epoch, ann.seq), self._handled):
+            if ann is None or not co.receives(ann.order, self._handled):
                 self._stop.wait(0.005)
                 continue
             if not self._gate.acquire(timeout=0.05):
@@ -299,7 +299,7 @@ class RolloutBridge(Endpoint):
 
     def _receive(self, board: Board, ann: Announce, *, keep_error: bool) -> None:
         """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""
-        self._handled = (ann.epoch, ann.seq)
+        self._handled = ann.order
         try:
             if ann.epoch != self.epoch or self.broken:
                 if not self.enter_epoch(board, ann.epoch):

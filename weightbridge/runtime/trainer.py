@@ -176,7 +176,7 @@ class TrainerBridge(Endpoint):
         self._pushed_to = roster.rollout_ranks
         decision = co.decide_push(self._epoch_view(), last_seq=self.seq, version=version, instances=instances)
         epoch = self.board.open_epoch(roster, decision.reason).epoch if decision.new_epoch else self.epoch
-        return self.board.announce(decision.seq, decision.version, epoch), waited
+        return self.board.announce(decision.seq, decision.version, epoch, self.started_ms), waited
 
     def _rollout_view(self) -> co.RolloutView:
         """Which rollout ranks joined and which are dead, now (updates the heartbeat monitor)."""

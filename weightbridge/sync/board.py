@@ -132,8 +132,8 @@ class Board:
         return self.keys.group_prefix(epoch)
 
     # -- pushes -----------------------------------------------------------------------------
-    def announce(self, seq: int, version: int, epoch: int) -> Announce:
-        ann = Announce(seq=seq, version=version, epoch=epoch)
+    def announce(self, seq: int, version: int, epoch: int, started: int = 0) -> Announce:
+        ann = Announce(seq=seq, version=version, epoch=epoch, started=started)
         self.cp.set(self.keys.announce, ann)
         return ann
 

@@ -451,17 +451,51 @@ class ControlPlane:
         joins: Mapping[RankId, Join] | None = None,
     ) -> dict[RankId, Hello]:
         """Publish ``hello``, wait for every member's, check agreement (contract 3). ``joins``: the
-        members' join records when the epoch began (a member that restarted since ends the wait)."""
+        members' join records when the epoch began (a member that restarted since ends the wait).
+
+        A value under a member's hello key that is not a readable hello of that member (garbage, or
+        planted before the member wrote its own) is waited past: the member overwrites it, as this
+        rank puts its own hello back while waiting (so a stranger's value costs at most the deadline,
+        never a failed handshake while the real hellos are on their way)."""
         epoch = hello.epoch
-        self.set(self.keys.hello(epoch, self.me.key), hello)
-        keys = [self.keys.hello(epoch, m.key) for m in members]
-        raw = self.wait_for(keys, deadline, f"hello of every member of epoch {epoch}", epoch=epoch, watch=members,
-                            joins=joins)
-        hellos = {m: self.parse(k, v, Hello) for m, k, v in zip(members, keys, raw)}
-        for m, h in hellos.items():
-            if (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
-                raise ProtocolError(self.me, f"the hello under {self.keys.hello(epoch, m.key)!r} is {h.side} "
-                                    f"{h.rank}'s of epoch {h.epoch}")
+        mine = self.keys.hello(epoch, self.me.key)
+        self.set(mine, hello)
+        keys = {m: self.keys.hello(epoch, m.key) for m in members}
+        hellos: dict[RankId, Hello] = {}
+        bad: dict[str, str] = {}
+
+        def read(m: RankId) -> Hello | None:
+            try:
+                h = self.get(keys[m], Hello)
+            except (ForgedMessage, ProtocolError) as exc:
+                bad[keys[m]] = str(exc)
+                return None
+            if h is not None and (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
+                bad[keys[m]] = f"a hello of {h.side} {h.rank} in epoch {h.epoch}"
+                return None
+            bad.pop(keys[m], None)
+            return h
+
+        def ready(_: list[bytes]) -> bool:
+            if read(self.me) != hello:
+                self.set(mine, hello)  # overwritten by someone else: put it back
+            for m in members:
+                if m not in hellos:
+                    h = read(m)
+                    if h is not None:
+                        hellos[m] = h
+            return len(hellos) == len(members)
+
+        what = f"hello of every member of epoch {epoch}"
+        try:
+            self.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=joins)
+        except DeadlineExceeded:
+            missing = [keys[m] for m in members if m not in hellos]
+            unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]
+            detail = f" (missing {', '.join(missing[:3])}" + (f"; unreadable: {', '.join(unreadable[:2])}" if unreadable
+                                                              else "") + ")"
+            raise DeadlineExceeded(self.me, what + detail, self.timeout_s) from None
+        hellos = {m: hellos[m] for m in members}
         check_hellos(self.me, hellos, expected_dtypes)
         return hellos
 

@@ -123,6 +123,12 @@ class Announce(_Message):
     seq: int
     version: int
     epoch: int
+    started: int = 0  # trainer 0's process start (ms): a restarted trainer 0 announces with a larger one
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """``(epoch, seq, started)``: what rollout ranks compare (:func:`weightbridge.runtime.coordinator.receives`)."""
+        return self.epoch, self.seq, self.started
 
 
 class Ack(_Message):
