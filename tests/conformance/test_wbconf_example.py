@@ -21,6 +21,10 @@ BREAKAGES = {
     "retry-on-deadline": ("nobody_receives", {"fault.no-receiver.deadline"}, "the bound is 5.0s"),
     "torn-hidden": ("dead_sender or interrupted or heals", {"fault.torn-state.safe"},
                     "neither torn nor at any version"),
+    "give-up-after-error": ("recovers_after", {"async.failed-push.heals"},
+                            "push(4) after the failed push(3) raised DeadlineExceeded"),
+    "hard-coded-secret": ("without_the_job_secret", {"auth.unauthenticated-sender.refused"},
+                          "applied version 9, pushed by trainers without the job secret"),
 }
 
 
@@ -40,7 +44,7 @@ def test_the_documented_breakages_are_the_ones_tested_here():
         sys.path.remove(str(EXAMPLE))
     assert {name: req for name, (_, _, req) in documented.items()} == {
         name: next(iter(ids)) for name, (_, ids, _) in BREAKAGES.items()}
-    assert len({next(iter(ids)) for _, ids, _ in BREAKAGES.values()}) == 5  # five different requirements
+    assert len({next(iter(ids)) for _, ids, _ in BREAKAGES.values()}) == 7  # seven different requirements
 
 
 @pytest.mark.parametrize("breakage", list(BREAKAGES))

@@ -20,7 +20,8 @@ class StoreDataPlane:
         self.timeout_s = 5.0
         self.connects = 0
 
-    def connect(self, store, *, prefix, bridge_rank, world_size, num_trainers, timeout_s, roster=None) -> None:
+    def connect(self, store, *, prefix, bridge_rank, world_size, num_trainers, timeout_s, roster=None,
+                watch=None) -> None:
         self.store, self.prefix, self.timeout_s = store, prefix, timeout_s
         self.connects += 1
         store.set(f"{prefix}/conn/{bridge_rank}", b"1")

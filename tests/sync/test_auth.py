@@ -100,7 +100,7 @@ def test_garbage_or_another_secret_under_a_key_gives_forged_message_naming_the_k
         c.get("wb/ann", Announce)
 
 
-def test_failures_need_no_counter_and_a_forged_failure_is_typed():
+def test_failures_need_no_counter_and_a_forged_failure_or_flag_is_ignored():
     store = NoAdd()  # the control plane never calls store.add (a non-integer there kills TCPStore clients)
     a, b = cp(store, T0), cp(store, T1)
     b.publish_failure(3, ValueError("disk on fire"))
@@ -111,9 +111,16 @@ def test_failures_need_no_counter_and_a_forged_failure_is_typed():
     b.publish_failure(3, ValueError("again"))  # the same rank fails again in the same epoch: a new failure
     with pytest.raises(PeerFailed, match="again"):
         a.raise_failures(3, since=1)
+    # A forgery under a failure key or the flag is no failure, and no error either: raising it made
+    # every later push of a rank still watching that epoch fail (issue 13 hostile run: a jam).
     store.set("wb/e4/fail/trainer/1", b"garbage")
     store.set("wb/e4/failed", GOOD.seal("wb/e4/failed", b"trainer/1 x"))
-    with pytest.raises(ForgedMessage, match="wb/e4/fail/trainer/1"):
+    a.raise_failures(4)
+    store.set("wb/e4/failed", OTHER.seal("wb/e4/failed", b"trainer/1 y"))
+    a.raise_failures(4)
+    assert a.failure_count(4) == 0
+    b.publish_failure(4, ValueError("real"))  # the genuine failure after them is seen
+    with pytest.raises(PeerFailed, match="real"):
         a.raise_failures(4)
 
 

@@ -63,6 +63,49 @@ def test_failures_of_an_earlier_push_are_ignored_with_since():
         c.wait_for(["t/never"], c.deadline(), "x", epoch=1, since=0)
 
 
+def test_a_late_failure_of_the_previous_push_does_not_end_a_wait_for_the_next_one():
+    """Issue 13 soak: trainer 1 published its failure of push 1 after trainer 0 had begun push 2, and
+    trainer 0's wait before announcing 2 took it for a failure of push 2 (so push 2 failed too)."""
+    from weightbridge.runtime.trainer import _of_push
+
+    store = dist.HashStore()
+    waiter = cp(store, T1, timeout_s=0.3)
+    since = waiter.failure_count(1)
+
+    def wait():
+        waiter.wait_for([], waiter.deadline(), "trainer 0 to announce version 2", ready=lambda _: False,
+                        epoch=1, since=since, only=_of_push(2, T0))
+
+    cp(store, R0).publish_failure(1, RuntimeError("rollout 0 in push 1"), version=1)
+    cp(store, T0).publish_failure(1, RuntimeError("trainer 0 in push 1"), version=1)
+    cp(store, R0).publish_failure(1, RuntimeError("rollout 0 in push 2"), version=2)
+    with pytest.raises(DeadlineExceeded):
+        wait()
+    cp(store, T0).publish_failure(1, RuntimeError("no rollout instance joined"), version=2)
+    with pytest.raises(PeerFailed, match="no rollout instance joined"):
+        wait()
+
+
+def test_a_member_that_joined_again_ends_a_wait_but_a_replayed_older_join_does_not():
+    """A restarted rank beats under its predecessor's heartbeat key: only its join record (a later
+    ``started``) tells the waiters that the member they wait for is gone."""
+    from weightbridge.sync.board import Board
+
+    store = dist.HashStore()
+    Board(cp(store, R0)).join(0, "first", started=1000)
+    waiter = cp(store, T0, timeout_s=0.3)
+    joins = Board(waiter).join_records([R0])
+    Board(cp(store, R0)).join(0, "second", started=2000)
+    with pytest.raises(PeerFailed, match="rollout 0 failed: restarted"):
+        waiter.wait_for(["t/never"], waiter.deadline(), "acks", joins=joins)
+    Board(cp(store, R0)).join(0, "zeroth", started=500)  # an earlier process's record, replayed
+    with pytest.raises(DeadlineExceeded):
+        waiter.wait_for(["t/never"], waiter.deadline(), "acks", joins=joins)
+    store.set(Keys("t").join(R0.key), b"garbage")
+    with pytest.raises(DeadlineExceeded):
+        waiter.wait_for(["t/never"], waiter.deadline(), "acks", joins=joins)
+
+
 def test_peer_failed_is_not_republished():
     store = dist.HashStore()
     c = cp(store, T0)

@@ -169,11 +169,13 @@ def test_pending_acks(acks, ranks, seq, pending):
     assert co.pending_acks(acks, ranks, seq) == pending
 
 
-@pytest.mark.parametrize("ann,handled,yes", [
-    (None, None, False), ((1, 1), None, True), ((1, 3), (1, 3), False), ((1, 4), (1, 3), True),
-    ((1, 4), (1, 10**12), True),  # any change is a new push: a bogus seq never blocks the real ones
-    ((2, 1), (1, 7), True),  # a new epoch / trainer incarnation numbering lower
-    (None, (1, 3), False),
+@pytest.mark.parametrize("ann,handled,yes", [  # (epoch, seq, trainer 0's start)
+    (None, None, False), ((1, 1, 5), None, True), ((1, 3, 5), (1, 3, 5), False), ((1, 4, 5), (1, 3, 5), True),
+    ((2, 1, 5), (1, 7, 5), True),  # a new epoch numbering lower
+    ((1, 2, 5), (1, 3, 5), False), ((1, 9, 5), (2, 1, 5), False),  # a replayed older announcement: ignored
+    ((1, 1, 9), (4, 7, 5), True),  # a restarted trainer 0 (epoch reused, e.g. its memory of epochs was lost)
+    ((1, 4, 5), (1, 10**12, 0), True),  # after a bogus seq written with the secret, a later trainer 0 still wins
+    (None, (1, 3, 5), False),
 ])
 def test_receives(ann, handled, yes):
     assert co.receives(ann, handled) is yes

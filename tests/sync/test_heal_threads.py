@@ -224,6 +224,52 @@ def test_bad_announcement_values_are_typed_errors_at_poll_and_later_pushes_arriv
 
 
 @pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
+def test_a_replayed_old_announcement_is_ignored(staging):
+    """Issue 13 hostile run (every kind under every key): a genuine old announcement written back made
+    a rollout rank receive the push in flight as that old version (bytes of v20 served as v1); an
+    announcement older than the last one handled is no push."""
+    r = one_to_one("sync", timeout_s=1.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=staging)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    key = trainer.board.announcement_key()
+    try:
+        push(trainer, r, tensors, 1)
+        old = T.store.get(key)
+        push(trainer, r, tensors, 2)
+        wait_until(lambda: engine.bridge.version == 2, what="version 2 applied")
+        T.store.set(key, old)  # the replay: sealed with the secret, but push 1's
+        time.sleep(1.5)  # before: the rank received "version 1" again (a rollback, or torn when it failed)
+        assert engine.errors == [] and not engine.bridge.torn and engine.bridge.version == 2, engine.errors
+        assert push(trainer, r, tensors, 3).version == 3
+        wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert [v for v, _ in engine.applied] == [1, 2, 3] and all(bad == [] for _, bad in engine.applied)
+
+
+def test_garbage_planted_under_an_epochs_hello_keys_does_not_fail_its_handshake():
+    """Issue 13 hostile run (every kind under every key): garbage written under hello keys of an epoch
+    before it began failed that epoch's push (ForgedMessage); each member overwrites its own key."""
+    r = one_to_one("sync", timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=True)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    try:
+        for who in ("trainer/0", "rollout/0"):
+            T.store.set(trainer.board.keys.hello(1, who), b"planted garbage")  # epoch 1: the first push's
+        assert push(trainer, r, tensors, 1).version == 1 and trainer.epoch == 1
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+    assert engine.errors == [] and engine.applied[-1][0] == 1 and not engine.applied[-1][1]
+
+
+@pytest.mark.parametrize("staging", [True, False], ids=["staging", "in-place"])
 def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
     r = one_to_one("sync", timeout_s=2.0)
     T = Threads()
@@ -237,6 +283,37 @@ def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
         wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
     finally:
         engine.close()
+        trainer.close()
+        T.close()
+
+
+def test_a_rollout_restarted_mid_push_ends_the_trainers_wait_at_once_and_the_next_push_heals():
+    """The restarted rank's heartbeat (same key, a moving counter) hid its predecessor's death, so the
+    trainer waited for the dead process's ack until its deadline; its new join record ends the wait."""
+    timeout_s = 10.0
+    r = one_to_one("sync", timeout_s=timeout_s)
+    T = Threads()
+    engine = Engine(r, T.store, staging=False)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    restarted = None
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        engine.kill()  # dies serving version 1; its join record stays
+        T.start("t", push, trainer, r, tensors, 2)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        restarted = Engine(r, T.store, staging=False)  # the same rank, a new process
+        err = T.exception("t", timeout=30)
+        elapsed = time.monotonic() - t0
+        assert isinstance(err, PeerFailed) and "rollout 0 failed: restarted" in str(err), err
+        assert elapsed < SLACK_S, elapsed  # before: DeadlineExceeded at timeout_s
+        assert push(trainer, r, tensors, 3).version == 3
+        wait_until(lambda: restarted.applied and restarted.applied[-1][0] == 3, what="version 3 applied again")
+        assert not restarted.applied[-1][1], restarted.applied  # bitwise
+    finally:
+        if restarted is not None:
+            restarted.close()
         trainer.close()
         T.close()
 
@@ -309,6 +386,30 @@ def test_bad_values_under_the_ack_keys_read_as_no_ack_and_the_next_push_succeeds
         for v in (2, 3):
             for k in keys:
                 T.store.set(k, b"garbage")
+            assert push(trainer, r, tensors, v).version == v
+            wait_until(lambda: engine.bridge.version == v, what=f"version {v} applied")
+    finally:
+        engine.close()
+        trainer.close()
+        T.close()
+
+
+def test_a_replayed_older_applied_ack_is_replaced_and_the_next_async_push_succeeds():
+    """Issue 13 hostile run: a genuine old applied ack written back under the key held trainer 0's
+    staleness wait (the receiver seemed to lag) until the deadline, push after push."""
+    r = one_to_one("async", timeout_s=2.0)
+    T = Threads()
+    engine = Engine(r, T.store, staging=True)
+    trainer, tensors = trainer_bridge(r, 0, T.store)
+    (key,) = trainer.board.ack_keys("applied", [0])
+    try:
+        push(trainer, r, tensors, 1)
+        wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
+        old = T.store.get(key)
+        push(trainer, r, tensors, 2)
+        wait_until(lambda: engine.bridge.version == 2, what="version 2 applied")
+        T.store.set(key, old)  # the replay: sealed, genuine, but version 1's
+        for v in (3, 4):
             assert push(trainer, r, tensors, v).version == v
             wait_until(lambda: engine.bridge.version == v, what=f"version {v} applied")
     finally:

@@ -15,7 +15,7 @@ from weightbridge.plan import validate_plan
 from weightbridge.transport import ChecksumError, PeerDisconnected, PeerTimeout, TransportError, open_store
 from weightbridge.testing.localrun import launch
 
-from transport_workers import make_plan, resolve, transfer  # noqa: I001 - sibling module (tests/transport)
+from transport_workers import group_member, make_plan, resolve, transfer  # noqa: I001 - sibling module
 
 pytestmark = pytest.mark.multiprocess
 
@@ -205,3 +205,18 @@ def test_corrupted_bytes_raise_checksum_error() -> None:
     for res in results[2:]:
         assert not res.ok and isinstance(res.error, ChecksumError), res.traceback
         assert res.error.peer in (0, 1) and res.error.round == 0
+
+
+def test_a_rank_killed_after_publishing_its_address_fails_the_group_within_the_deadline() -> None:
+    """Gloo's constructor waits up to 5 x timeout_s for a pair whose peer died mid-connect (issue 13 soak:
+    a trainer killed in the handshake cost its peers 21 s with timeout_s 4, and the next push's
+    handshake); the group creation must end, typed, at timeout_s."""
+    timeout_s = 2.0
+    master = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
+    world = 6  # 5 survivors: each the listening end of its pair with the dead rank with probability 1/2
+    res = launch(group_member, [(master.port, r, world, timeout_s, world - 1) for r in range(world)], timeout_s=WALL_S)
+    assert res[-1].exitcode == -9, res[-1]
+    outcomes = [r.value for r in res[:-1]]
+    assert all(r.ok for r in res[:-1]) and any(not v["ok"] for v in outcomes), res
+    for v in outcomes:  # the listening end of a pair with the dead rank waited 5 x timeout_s before
+        assert v["s"] < timeout_s + 2.5 and (v["ok"] or v["type"] in ("PeerTimeout", "PeerDisconnected")), v

@@ -33,6 +33,32 @@ def test_group_creation_times_out_when_a_peer_never_joins() -> None:
     assert isinstance(info.value, PeerTimeout) and info.value.rank == 0
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["auth-off", "sealed"])
+def test_the_watch_ends_the_rendezvous_at_once_with_its_own_error(sealed) -> None:
+    """A peer that died (or restarted) before publishing its rendezvous value: the control plane's
+    watch says so and the creation raises that at once instead of waiting out ``timeout_s`` (issue 13
+    soak: survivors of a trainer 0 killed in the handshake sat in Gloo's rendezvous until their
+    deadline and missed the restarted trainer 0's next handshake)."""
+    from weightbridge.errors import PeerFailed
+    from weightbridge.sync.auth import Signer
+    from weightbridge.sync.roster import RankId
+
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=30)
+    calls: list[float] = []
+    t0 = time.monotonic()
+
+    def watch() -> None:
+        calls.append(time.monotonic())
+        if calls[-1] - t0 > 0.3:
+            raise PeerFailed(RankId("rollout", 0), RankId("trainer", 0), "no heartbeat for 3.0s (process died or hung)")
+
+    with pytest.raises(PeerFailed, match="no heartbeat") as info:
+        create_bridge_group(store, rank=1, world_size=2, num_trainers=1, backend="gloo", timeout_s=20,
+                            signer=Signer(b"k" * 32) if sealed else None, watch=watch)
+    assert time.monotonic() - t0 < 5, "waited for the group's deadline"
+    assert len(calls) > 2 and info.value.peer == "trainer 0"
+
+
 def test_group_arguments_are_checked() -> None:
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=5)
     with pytest.raises(ValueError):

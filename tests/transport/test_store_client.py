@@ -72,6 +72,21 @@ class _DroppedOnce:
         return fail
 
 
+def test_peek_reads_a_key_or_none_at_once_and_never_writes(store_proc) -> None:
+    """A rank's close() deletes its join record while a peer reads it: ``check`` then ``get`` blocked
+    for the store's whole timeout ("control store unreachable", a failed push) in the issue-13 CI soak."""
+    s = connect_store(HOST, store_proc.port, timeout_s=4, who="trainer 0")
+    cp = ControlPlane(s, me=RankId("trainer", 0), keys=Keys("t"), timeout_s=4)
+    t0 = time.monotonic()
+    assert s.peek("absent") is None and cp.get_raw("t/absent") is None
+    assert not s.check(["absent"])  # never written
+    assert time.monotonic() - t0 < 1.0
+    s.set("k", b"v")
+    assert s.peek("k") == b"v"
+    s._store = _DroppedOnce(s._store)
+    assert s.peek("k") == b"v"  # reconnected and retried, like get
+
+
 @pytest.mark.parametrize("op", ["get", "check", "set", "delete_key", "add"])
 def test_a_dropped_connection_is_reopened_and_the_call_retried(store_proc, op) -> None:
     s = connect_store(HOST, store_proc.port, timeout_s=5, who="trainer 1")

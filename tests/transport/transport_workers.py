@@ -110,3 +110,50 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
         out["elapsed"] = time.monotonic() - t0
     group.close()
     return out
+
+
+class _DiesAfterPublishing(torch.distributed.Store):
+    """The victim's store: SIGKILLs the process right after its own rendezvous address is stored, so
+    it never connects to anyone (a rank killed between publishing and connecting)."""
+
+    def __init__(self, inner: Any, own_key: str) -> None:
+        super().__init__()
+        self.inner, self.own_key = inner, own_key
+
+    def set(self, key: str, value: Any) -> None:
+        self.inner.set(key, value)
+        if key.endswith(self.own_key):
+            self.inner.set("victim-dead", "1")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    @property
+    def timeout(self) -> Any:
+        return self.inner.timeout
+
+
+def group_member(port: int, rank: int, world: int, timeout_s: float, victim: int) -> dict[str, Any]:
+    """One rank creating a Gloo bridge group. Rank ``victim`` starts first and dies as soon as its
+    rendezvous address is on the store; the others start once it is dead and find its address: each
+    is the connecting or the listening end of its pair with it (by address order). Returns how the
+    creation ended and how long it took."""
+    store = open_store("127.0.0.1", port, is_master=False, timeout_s=30)
+    if rank == victim:
+        store = _DiesAfterPublishing(store, f"0/{rank}")  # c10d's key of this rank's addresses
+    else:
+        store.wait(["victim-dead"])
+    t0 = time.monotonic()
+    try:
+        create_bridge_group(store, rank=rank, world_size=world, num_trainers=1, backend="gloo", timeout_s=timeout_s,
+                            prefix="g")
+        return {"ok": True, "s": time.monotonic() - t0}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"ok": False, "type": type(exc).__name__, "msg": str(exc)[:300], "s": time.monotonic() - t0}

@@ -233,14 +233,20 @@ def pending_acks(acks: Mapping[int, int], ranks: Sequence[int], seq: int) -> tup
     return tuple(r for r in ranks if acks.get(r, -1) < seq)
 
 
-def receives(ann: tuple[int, int] | None, handled: tuple[int, int] | None) -> bool:
-    """Rollout ranks: is announcement ``(epoch, seq)`` (None: none yet) a push not handled yet?
+def receives(ann: tuple[int, int, int] | None, handled: tuple[int, int, int] | None) -> bool:
+    """Rollout ranks: is announcement ``(epoch, seq, started)`` (None: none yet) a push not handled yet?
 
-    Any change from the last handled ``(epoch, seq)`` is a new push (trainer 0 writes a new
-    announcement per push), so an out-of-range value is handled once (and fails typed), never
-    making the rank ignore the real announcements after it.
+    Genuine announcements only move forward: within one trainer 0 process ``(epoch, seq)`` grows
+    (epochs are never reused), and a restarted trainer 0 has a later ``started``. So a push is new
+    when it is later than the last one handled in either sense; a replayed older announcement (only
+    a value written with the job secret is read at all) is ignored: receiving it would take the
+    bytes of the push in flight for that old version.
     """
-    return ann is not None and ann != handled
+    if ann is None:
+        return False
+    if handled is None:
+        return True
+    return ann[:2] > handled[:2] or ann[2] > handled[2]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from weightbridge.errors import BridgeError, PeerFailed, ProtocolError
+from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.layout.ir import RankLayout
 from weightbridge.plan.types import TransferPlan
 from weightbridge.runtime.connect import device_of
@@ -86,6 +86,7 @@ class Endpoint:
         self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
         self.nonce = uuid.uuid4().hex
+        self.started_ms = time.time_ns() // 1_000_000  # in the join record: a later process of this rank is larger
         self.dtypes, self.dtype_diffs = actual_dtypes(self.layout, tensors)
         self._expected_dtypes = {RankId(TRAINER, r.rank): expected_dtypes(r) for r in resolved.trainer.ranks}
         self._expected_dtypes.update({RankId(ROLLOUT, r.rank): expected_dtypes(r) for r in resolved.rollout.ranks})
@@ -102,24 +103,26 @@ class Endpoint:
     # -- joining ------------------------------------------------------------------------------
     def _join(self, instance: int) -> None:
         self.cp.start_heartbeat()
-        self.board.join(instance, self.nonce)
+        self.board.join(instance, self.nonce, self.started_ms)
         self._next_join_check = time.monotonic() + REJOIN_CHECK_S
 
     def rejoin_if_missing(self, board: Board) -> None:
         """Re-publish this rank's join record if it vanished or is unreadable (every rank, from its
         own loops; at most every ``REJOIN_CHECK_S``): trainer 0 counts only joined ranks, so a deleted
         join key would otherwise exclude a live rank from every later push. A valid record with
-        another nonce is left alone (a newer process of this rank)."""
+        another nonce is left alone if it is a later process of this rank (``started``), and replaced
+        if it is an earlier one's (a replayed old value)."""
         now = time.monotonic()
         if self.closed or now < getattr(self, "_next_join_check", 0.0):
             return
         self._next_join_check = now + REJOIN_CHECK_S
         try:
-            if board.join_of(self.me) is not None:
+            join = board.join_of(self.me)
+            if join is not None and (join.nonce == self.nonce or join.started > self.started_ms):
                 return
-        except ProtocolError:  # garbage under the key: replace it with the real record
+        except (ProtocolError, ForgedMessage):  # garbage or a forgery under the key: replace it with the real record
             pass
-        board.join(self.layout.instance if self.side == ROLLOUT else 0, self.nonce)
+        board.join(self.layout.instance if self.side == ROLLOUT else 0, self.nonce, self.started_ms)
 
     def explain(self, board: Board, exc: BaseException, epoch: int) -> BaseException:
         """After transport error ``exc`` in ``epoch``: :class:`PeerFailed` carrying the root cause a
@@ -159,14 +162,17 @@ class Endpoint:
         plan = self.plans.plan(roster)
         self.data_plane.close(abort=self.broken)
         self.plan = None
+        # Waits in this epoch end when a member restarts (its successor beats under the same key):
+        # compared with the members' join records now, then with the hellos (nonce, start) they sent.
         self.hellos = board.handshake(
             roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
-            deadline=deadline,
+            deadline=deadline, joins=board.join_records(roster.members), started=self.started_ms,
         )
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,
+            watch=board.cp.epoch_watch(epoch, roster.members, self.hellos),
         )
         authenticate = getattr(self.data_plane, "authenticate", None)  # data senders prove the secret first
         if authenticate is not None:
@@ -177,10 +183,11 @@ class Endpoint:
         log.info("%s: entered epoch %d (%s), plan %s", self.me, epoch, list(roster.instances), plan.plan_hash[:12])
         return True
 
-    def fail(self, board: Board, exc: BaseException) -> None:
-        """Publish ``exc`` to the epoch's members (unless it came from a peer) and mark the group unusable."""
+    def fail(self, board: Board, exc: BaseException, version: int | None = None) -> None:
+        """Publish ``exc`` (in push ``version``) to the epoch's members (unless it came from a peer) and
+        mark the group unusable."""
         self.broken = True
-        board.cp.publish_failure(self.failure_epoch, exc)
+        board.cp.publish_failure(self.failure_epoch, exc, version)
         # Drop the group now: peers blocked on this rank's sockets fail at once instead of at
         # their deadline. The next push re-creates it in a new epoch.
         self.data_plane.close(abort=True)

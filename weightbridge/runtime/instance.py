@@ -137,7 +137,7 @@ class InstanceAgreement:
         except BridgeError as exc:  # a bad value: the next round's poll() raises it
             bridge._keep(exc)
             return
-        if ann is not None and co.receives((ann.epoch, ann.seq), bridge._handled):
+        if ann is not None and co.receives(ann.order, bridge._handled):
             try:
                 bridge._receive(bridge.board, ann, keep_error=True)
             except BaseException:  # noqa: BLE001 - kept by _receive for the next poll()

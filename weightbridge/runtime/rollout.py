@@ -14,8 +14,8 @@ keeps a staged version from being superseded while the instance agrees on it.
 Robust reading: the announcement is read through :meth:`RolloutBridge._announcement`; a bad value
 under its key (garbage, another message kind, oversized, unauthenticated) is a typed
 ``BadMessage`` raised once, at the next ``poll()`` / ``apply()``, and the receive thread keeps
-serving later genuine announcements. Any *change* of the announcement is a new push, so no
-value (a seq of 10**12) can make the rank ignore the real ones after it. Every loop also puts
+serving later genuine announcements. An announcement later than the last one handled is a new
+push (:func:`~weightbridge.runtime.coordinator.receives`); a replayed older one is ignored. Every loop also puts
 back this rank's join record and its latest acks if they vanished or were overwritten with bad
 values (:meth:`RolloutBridge._repair`): trainer 0 reads them for membership and the staleness bound.
 """
@@ -70,7 +70,7 @@ class RolloutBridge(Endpoint):
         except (ProtocolError, ForgedMessage):
             ann = None
         # pushes before joining are not ours: (epoch, seq) of the last announcement handled
-        self._handled: tuple[int, int] | None = None if ann is None else (ann.epoch, ann.seq)
+        self._handled: tuple[int, int, int] | None = None if ann is None else ann.order
         self._stop = threading.Event()
         # Held by the receive thread for a whole receive, and by the instance agreement while the
         # instance's ranks decide on the staged version (runtime/instance.py).
@@ -151,7 +151,7 @@ class RolloutBridge(Endpoint):
         self._repair(self.board)
         if not self.staging:
             ann = self._announcement(self.board)
-            if ann is not None and co.receives((ann.epoch, ann.seq), self._handled):
+            if ann is not None and co.receives(ann.order, self._handled):
                 self._receive(self.board, ann, keep_error=False)
         return self.ready()
 
@@ -236,9 +236,9 @@ class RolloutBridge(Endpoint):
             self._acked[stage] = ann
 
     def _repair(self, board: Board) -> None:
-        """Put back this rank's join record and latest acks if missing or unreadable (at most every
-        ``REJOIN_CHECK_S``): a deleted or garbage applied ack would otherwise hold trainer 0's
-        staleness wait until this rank applies again, which may never come."""
+        """Put back this rank's join record and latest acks if missing, unreadable or not the latest
+        (at most every ``REJOIN_CHECK_S``): a deleted, garbage or replayed older applied ack would
+        otherwise hold trainer 0's staleness wait until this rank applies again, which may never come."""
         self.rejoin_if_missing(board)
         now = time.monotonic()
         if self.closed or now < self._next_ack_check:
@@ -247,10 +247,12 @@ class RolloutBridge(Endpoint):
         with self._ack_lock:
             for stage, ann in self._acked.items():
                 try:
-                    present = board.ack_of(stage, self.rank) is not None
+                    ack = board.ack_of(stage, self.rank)
+                    current = ack is not None and (ack.epoch, ack.seq, ack.version, ack.nonce) == (
+                        ann.epoch, ann.seq, ann.version, board.nonce)
                 except (ProtocolError, ForgedMessage):
-                    present = False
-                if not present:
+                    current = False
+                if not current:
                     board.ack(stage, ann)
 
     def _announcement(self, board: Board) -> Announce | None:
@@ -284,7 +286,7 @@ class RolloutBridge(Endpoint):
                 self._keep(exc)
                 self._stop.wait(0.005 if isinstance(exc, BadMessage) else 0.1)
                 continue
-            if ann is None or not co.receives((ann.epoch, ann.seq), self._handled):
+            if ann is None or not co.receives(ann.order, self._handled):
                 self._stop.wait(0.005)
                 continue
             if not self._gate.acquire(timeout=0.05):
@@ -298,7 +300,7 @@ class RolloutBridge(Endpoint):
 
     def _receive(self, board: Board, ann: Announce, *, keep_error: bool) -> None:
         """Receive push ``ann`` (its epoch first, if new); errors are raised (and kept for poll())."""
-        self._handled = (ann.epoch, ann.seq)
+        self._handled = ann.order
         try:
             if ann.epoch != self.epoch or self.broken:
                 if not self.enter_epoch(board, ann.epoch):
@@ -324,7 +326,7 @@ class RolloutBridge(Endpoint):
             self._ack(board, "staged", ann)
         except BaseException as exc:
             cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
-            self.fail(board, cause)
+            self.fail(board, cause, ann.version)
             if keep_error:
                 self._keep(cause)
             if cause is not exc:

@@ -146,8 +146,8 @@ class TrainerBridge(Endpoint):
         except BaseException as exc:
             cause = exc if announced is None else self.explain(self.board, exc, announced.epoch)
             if self.rank == 0 and announced is None and isinstance(exc, PeerFailed):
-                self._relay(exc)
-            self.fail(self.board, cause)
+                self._relay(exc, version)
+            self.fail(self.board, cause, version)
             if self.rank == 0 and announced is not None:
                 self._after_push(announced)
             if cause is not exc:
@@ -167,17 +167,17 @@ class TrainerBridge(Endpoint):
     def _announce(self, version: int) -> tuple[Announce, float]:
         """Trainer rank 0: decide the members, enforce the staleness bound, decide the epoch, announce."""
         deadline = self.cp.deadline()
-        instances = self._await_members(deadline)
+        instances = self._await_members(deadline, version)
         roster = Roster.of_instances(self.spec.rollout, self.num_trainers, instances)
         waited = 0.0
         if self.mode == "async":
             t = time.perf_counter()
-            self._await_staleness(roster.rollout_ranks, deadline)
+            self._await_staleness(roster.rollout_ranks, deadline, version)
             waited = time.perf_counter() - t
         self._pushed_to = roster.rollout_ranks
         decision = co.decide_push(self._epoch_view(), last_seq=self.seq, version=version, instances=instances)
         epoch = self.board.open_epoch(roster, decision.reason).epoch if decision.new_epoch else self.epoch
-        return self.board.announce(decision.seq, decision.version, epoch), waited
+        return self.board.announce(decision.seq, decision.version, epoch, self.started_ms), waited
 
     def _rollout_view(self) -> co.RolloutView:
         """Which rollout ranks joined and which are dead, now (updates the heartbeat monitor)."""
@@ -196,7 +196,7 @@ class TrainerBridge(Endpoint):
                     dead.add(who.rank)
         return co.RolloutView(self._instance_ranks, frozenset(joined), frozenset(dead))
 
-    def _await_members(self, deadline: float) -> tuple[int, ...]:
+    def _await_members(self, deadline: float, version: int) -> tuple[int, ...]:
         got: list[co.Members] = []
 
         def enough(_: list[bytes]) -> bool:
@@ -205,10 +205,10 @@ class TrainerBridge(Endpoint):
             return bool(got)
 
         self.cp.wait_for([], deadline, f"at least {self.min_instances} complete rollout instance(s) to join",
-                         ready=enough, epoch=self.failure_epoch or None, since=self._since)
+                         ready=enough, epoch=self.failure_epoch or None, since=self._since, only=_of_push(version))
         return got[0].instances
 
-    def _await_staleness(self, rollout_ranks: tuple[int, ...], deadline: float) -> None:
+    def _await_staleness(self, rollout_ranks: tuple[int, ...], deadline: float, version: int) -> None:
         """Async: wait until each receiver applied the ``max(k, 1)``-th newest version its current
         process staged (:func:`~.coordinator.decide_staleness`; none staged: nothing to wait for)."""
         for r in rollout_ranks:
@@ -236,7 +236,7 @@ class TrainerBridge(Endpoint):
             f"every receiver to apply version >= {first.bound} (max_staleness {self.max_staleness}) of the "
             f"versions delivered to it ({lag})",
             ready=lambda _: isinstance(decide(), co.Fresh), epoch=self.failure_epoch or None, since=self._since,
-            watch=rollout_ids([r for r, _, _ in first.lagging]),
+            watch=rollout_ids([r for r, _, _ in first.lagging]), only=_of_push(version),
         )
 
     def _after_push(self, ann: Announce) -> None:
@@ -256,12 +256,12 @@ class TrainerBridge(Endpoint):
         except BridgeError:  # the store is unreachable: the next push finds out
             pass
 
-    def _relay(self, exc: BaseException) -> None:
-        """Trainer 0 failed before announcing: publish the cause even when it is a peer's
+    def _relay(self, exc: BaseException, version: int) -> None:
+        """Trainer 0 failed before announcing ``version``: publish the cause even when it is a peer's
         (``publish_failure`` skips ``PeerFailed``, which the other trainer ranks did not see: they
         wait for the announcement and would only give up at their deadline)."""
         relay = type(type(exc).__name__, (Exception,), {})(str(exc))  # same type name and message
-        self.cp.publish_failure(self.failure_epoch, relay)
+        self.cp.publish_failure(self.failure_epoch, relay, version)
 
     def _nonce_of(self, rollout_rank: int) -> str | None:
         try:
@@ -316,8 +316,11 @@ class TrainerBridge(Endpoint):
         self.cp.wait_for(
             [], self.cp.deadline(2 * self.timeout_s), f"trainer 0 to announce version {version}",
             # the epoch trainer 0 publishes its failures in: the one this rank is in or failed to
-            # enter (both took the same announcement), epoch 0 before any (no receivers then)
+            # enter (both took the same announcement), epoch 0 before any (no receivers then);
+            # only trainer 0's failure of this push counts (another rank may still be failing the
+            # previous push there, later than this rank did)
             ready=is_mine, epoch=self.failure_epoch, since=self._since, watch=[RankId(TRAINER, 0)],
+            only=_of_push(version, RankId(TRAINER, 0)),
         )
         return seen[0]
 
@@ -338,10 +341,19 @@ class TrainerBridge(Endpoint):
 
         self.cp.wait_for(
             [], self.cp.deadline(), f"every rollout rank to ack {stage} version {ann.version}",
-            ready=done, epoch=ann.epoch, watch=roster.members,
+            ready=done, epoch=ann.epoch, watch=roster.members, joins=self.hellos,
         )
 
     def close(self) -> None:
         """Leave the bridge. With ``sync.store: trainer0`` trainer rank 0 hosts the store: close it last."""
         self._close_common()
+
+
+def _of_push(version: int, by: RankId | None = None):
+    """A failure filter for the waits before an announcement: only failures published in ``push(version)``
+    (by ``by``). A rank may publish the failure of the previous push after this one began (it
+    failed later than the waiter); that one is old news, not a reason to fail this push too."""
+    def accept(f) -> bool:
+        return f.version == version and (by is None or (f.side, f.rank) == (by.side, by.rank))
+    return accept
 

@@ -37,10 +37,11 @@ class Board:
         return board
 
     # -- joining and leaving (every rank) ----------------------------------------------------
-    def join(self, instance: int, nonce: str) -> None:
+    def join(self, instance: int, nonce: str, started: int = 0) -> None:
         self.nonce = nonce
         self.cp.set(self.keys.join(self.me.key), Join(side=self.me.side, rank=self.me.rank, instance=instance,
-                                                      nonce=nonce, pid=os.getpid(), host=socket.gethostname()))
+                                                      nonce=nonce, pid=os.getpid(), host=socket.gethostname(),
+                                                      started=started))
 
     def leave(self, nonce: str) -> None:
         self.cp.delete(self.keys.join(self.me.key))
@@ -52,6 +53,18 @@ class Board:
         if join is not None and (join.side, join.rank) != (who.side, who.rank):
             raise ProtocolError(self.me, f"the join under {key!r} is {join.side} {join.rank}'s")
         return join
+
+    def join_records(self, ranks: Sequence[RankId]) -> dict[RankId, Join]:
+        """The join record of each of ``ranks`` that has a present, readable one (now)."""
+        out = {}
+        for who in ranks:
+            try:
+                join = self.join_of(who)
+            except (ProtocolError, ForgedMessage):
+                continue
+            if join is not None:
+                out[who] = join
+        return out
 
     def joined(self, ranks: Sequence[RankId]) -> bool:
         return self.cp.exists(self.join_keys(ranks))
@@ -102,11 +115,14 @@ class Board:
     def handshake(
         self, roster: Roster, *, spec_hash: str, plan_hash: str, dtypes: str, dtype_diffs: tuple[str, ...],
         wire: str, nonce: str, expected_dtypes: Mapping[RankId, str], deadline: float,
+        joins: Mapping[RankId, Join] | None = None, started: int = 0,
     ) -> dict[RankId, Hello]:
-        """Publish this rank's hello for ``roster``'s epoch and check every member's (contract 3)."""
+        """Publish this rank's hello for ``roster``'s epoch and check every member's (contract 3);
+        ``joins``: the members' join records (a member that joins again meanwhile ends the wait)."""
         hello = Hello(side=self.me.side, rank=self.me.rank, epoch=roster.epoch, spec_hash=spec_hash,
-                      plan_hash=plan_hash, dtypes=dtypes, dtype_diffs=dtype_diffs, wire=wire, nonce=nonce)
-        return self.cp.handshake(hello, roster.members, expected_dtypes, deadline)
+                      plan_hash=plan_hash, dtypes=dtypes, dtype_diffs=dtype_diffs, wire=wire, nonce=nonce,
+                      started=started)
+        return self.cp.handshake(hello, roster.members, expected_dtypes, deadline, joins)
 
     def failure_count(self, epoch: int) -> int:
         """Failures of ``epoch`` seen so far by this board (the ``since`` of later waits on it)."""
@@ -116,8 +132,8 @@ class Board:
         return self.keys.group_prefix(epoch)
 
     # -- pushes -----------------------------------------------------------------------------
-    def announce(self, seq: int, version: int, epoch: int) -> Announce:
-        ann = Announce(seq=seq, version=version, epoch=epoch)
+    def announce(self, seq: int, version: int, epoch: int, started: int = 0) -> Announce:
+        ann = Announce(seq=seq, version=version, epoch=epoch, started=started)
         self.cp.set(self.keys.announce, ann)
         return ann
 

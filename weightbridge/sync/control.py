@@ -36,7 +36,12 @@ Contracts:
    latest failure in epoch ``E``, with a fresh id) and then ``P/e{E}/failed`` (who
    failed last: the readers' cue to rescan). A reader numbers the failures it has seen
    per epoch in the order it first saw them; ``since`` counts in that numbering, which
-   is the same control plane's :meth:`ControlPlane.failure_count`.
+   is the same control plane's :meth:`ControlPlane.failure_count`. A failure names the push it
+   happened in (``version``), so a wait can ignore a late failure of an earlier push (``only``).
+7. **Restarts end waits on the predecessor.** A restarted rank beats under the same heartbeat
+   key, hiding its predecessor's death; a wait given the ``joins`` its members joined with
+   raises ``PeerFailed`` once a member's join record is a later process's
+   (:meth:`ControlPlane.check_restarts`).
 """
 
 from __future__ import annotations
@@ -52,13 +57,14 @@ from weightbridge.errors import (
     DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable,
 )
 from weightbridge.sync.auth import Signer
-from weightbridge.sync.messages import Failure, Hello, Keys, M, decode, encode
+from weightbridge.sync.messages import Failure, Hello, Join, Keys, M, decode, encode
 from weightbridge.sync.roster import RankId
 
 log = logging.getLogger(__name__)
 
 STORE_HOST = RankId("trainer", 0)  # trainer rank 0 hosts the TCPStore
 RESCAN_S = 1.0  # with a failure flag present, every failure key is re-read at least this often
+_ABSENT = b"\x00weightbridge: no such key\x00"  # a compare_set expecting this never writes: a non-blocking read
 
 
 class Store(Protocol):
@@ -161,6 +167,7 @@ class ControlPlane:
         self._failed: dict[str, Failure] = {}  # id -> failure (of any epoch)
         self._scan: dict[int, tuple[bytes, float]] = {}
         self._extra: dict[int, set[RankId]] = {}  # ranks named by failure flags, per epoch
+        self._ignored: set[tuple[str, str]] = set()  # bad failure values already logged
 
     def clone(self) -> ControlPlane:
         """A control plane on a new store connection, for another thread (shares nothing mutable)."""
@@ -197,9 +204,22 @@ class ControlPlane:
 
     def get_raw(self, key: str) -> bytes | None:
         """The authenticated body at ``key``, or None if the key does not exist (never blocks)."""
+        value = self._peek(key)
+        return None if value is None else self.open(key, value)
+
+    def _peek(self, key: str) -> bytes | None:
+        """The raw value at ``key`` or None, in one non-blocking call where the store allows it: a
+        ``check`` then ``get`` blocks until the store's timeout when the key is deleted in between
+        (a rank's ``close()`` deletes its join record while a peer reads it)."""
+        peek = getattr(self.store, "peek", None)
+        if peek is not None:
+            return self._call(peek, key)
+        if hasattr(self.store, "compare_set"):  # TCPStore, HashStore: compare_set never matching = a read
+            value = self._call(self.store.compare_set, key, _ABSENT, _ABSENT)
+            return None if value == _ABSENT else value
         if not self._call(self.store.check, [key]):
             return None
-        return self.open(key, self._call(self.store.get, key))
+        return self._call(self.store.get, key)
 
     def get(self, key: str, cls: type[M]) -> M | None:
         """The message at ``key``, or None if the key does not exist (never blocks)."""
@@ -249,21 +269,25 @@ class ControlPlane:
         watch: Iterable[RankId] = (),
         stop: threading.Event | None = None,
         progress: Callable[[], None] | None = None,
+        only: Callable[[Failure], bool] | None = None,
+        joins: Mapping[RankId, Join | Hello] | None = None,
     ) -> list[bytes]:
         """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their authenticated bodies.
 
         Raises :class:`PeerFailed` when a rank publishes a failure in ``epoch`` (the
-        ``since``-th and earlier are ignored: they concern an earlier push) or a rank in
-        ``watch`` stops heart-beating, :class:`DeadlineExceeded` past ``deadline`` (a
-        ``time.monotonic()`` value). ``stop`` set by another thread ends the wait with
-        :class:`DeadlineExceeded` at once (used by ``close()``). ``progress()``, if given, runs
-        once per iteration (work the waiter must keep doing so that its peers can get here).
+        ``since``-th and earlier are ignored: they concern an earlier push; with ``only``, just
+        the failures it accepts count), a rank in ``watch`` stops heart-beating, or a rank in
+        ``joins`` (its join record or hello in the wait's epoch) joined again (it restarted);
+        :class:`DeadlineExceeded` past ``deadline`` (a ``time.monotonic()`` value). ``stop`` set by
+        another thread ends the wait with :class:`DeadlineExceeded` at once (used by ``close()``).
+        ``progress()``, if given, runs once per iteration (work the waiter must keep doing so that
+        its peers can get here).
         """
         watch = tuple(w for w in watch if w != self.me)
         sleep_s = 0.001
         while True:
             if epoch is not None:
-                self.raise_failures(epoch, since)
+                self.raise_failures(epoch, since, only)
             if not keys or self._call(self.store.check, list(keys)):
                 values = [self.open(k, self._call(self.store.get, k)) for k in keys]
                 if ready is None or ready(values):
@@ -271,9 +295,11 @@ class ControlPlane:
             if progress is not None:
                 progress()
             now = time.monotonic()
-            if watch and now - self._last_hb_check >= self.heartbeat_s / 2:
+            if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
                 self._last_hb_check = now
                 self.check_heartbeats(watch, now)
+                if joins:
+                    self.check_restarts(joins)
             if now > deadline or (stop is not None and stop.is_set()):
                 missing = [k for k in keys if not self._call(self.store.check, [k])]
                 if missing:
@@ -302,14 +328,52 @@ class ControlPlane:
                 self.monitor.mark_dead(who)
                 raise PeerFailed(self.me, who, f"no heartbeat for {silent:.1f}s (process died or hung)")
 
+    def check_restarts(self, joins: Mapping[RankId, Join | Hello]) -> None:
+        """:class:`PeerFailed` when a rank of ``joins`` (rank -> its join record, or its hello, in the epoch
+        being waited in) has joined again as a *later* process (another nonce, a later ``started``): the process
+        that was a member is gone, and its successor's heartbeat (same key) hides that from
+        :meth:`check_heartbeats`. A missing or unreadable record, or a replayed older one, proves
+        nothing (a stranger may delete, overwrite or replay it) and is skipped."""
+        for who, was in joins.items():
+            if who == self.me:
+                continue
+            try:
+                join = self.get(self.keys.join(who.key), Join)
+            except (ForgedMessage, ProtocolError):
+                continue
+            if (join is not None and join.nonce != was.nonce and join.started > was.started
+                    and (join.side, join.rank) == (who.side, who.rank)):
+                raise PeerFailed(self.me, who, "restarted: a new process joined in its place, so the one "
+                                 "that was a member of this epoch is gone")
+
+    def epoch_watch(self, epoch: int, members: Sequence[RankId],
+                    joins: Mapping[RankId, Join | Hello]) -> Callable[[], None]:
+        """A check for a rank blocked outside :meth:`wait_for` in ``epoch`` (the bridge group's
+        rendezvous): it raises :class:`PeerFailed` as :meth:`wait_for` would (a failure published in
+        ``epoch``, a silent member, a member of ``joins`` that restarted since).
+        Cheap to call often: it reads the store at most every ``min(heartbeat_s / 2, 0.1)`` s."""
+        watch = tuple(m for m in members if m != self.me)
+        last = [0.0]
+
+        def check() -> None:
+            now = time.monotonic()
+            if now - last[0] < min(self.heartbeat_s / 2, 0.1):
+                return
+            last[0] = now
+            self.raise_failures(epoch)
+            self.check_heartbeats(watch, now)
+            self.check_restarts(joins)
+
+        return check
+
     # -- failures -------------------------------------------------------------------------
-    def publish_failure(self, epoch: int, exc: BaseException) -> None:
-        """Tell every member of ``epoch`` that this rank failed with ``exc`` (best effort)."""
+    def publish_failure(self, epoch: int, exc: BaseException, version: int | None = None) -> None:
+        """Tell every member of ``epoch`` that this rank failed with ``exc`` in push ``version`` (best effort)."""
         if isinstance(exc, (PeerFailed, HandshakeMismatch, StoreUnreachable)):
             return  # originated elsewhere, seen by everyone already, or nowhere to publish it
         fid = uuid.uuid4().hex
         msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__,
-                      message=str(exc)[:4000], id=fid)
+                      message=str(exc)[:4000], id=fid, version=version)
         try:
             self.set(self.keys.failure(epoch, self.me.key), msg)
             self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
@@ -328,22 +392,40 @@ class ControlPlane:
         if last is not None and last[0] == raw and now - last[1] < RESCAN_S:
             return seen
         self._scan[epoch] = (raw, now)
-        body = self.open(flag_key, raw)
+        try:
+            body = self.open(flag_key, raw)
+        except ForgedMessage as exc:  # only a cue to rescan: every rank's (sealed) failure key is read anyway
+            self._ignore(flag_key, raw, exc)
+            body = b""
         extra = self._extra.setdefault(epoch, set())
         side, _, rank = body.decode("ascii", "replace").partition(" ")[0].partition("/")
         if side in ("trainer", "rollout") and rank.isdigit() and len(rank) < 7:
             extra.add(RankId(side, int(rank)))  # type: ignore[arg-type]
         for who in (*self.ranks, *sorted(extra - set(self.ranks), key=str)):
             key = self.keys.failure(epoch, who.key)
-            f = self.get(key, Failure)
+            try:
+                f = self.get(key, Failure)
+                if f is not None and (f.side, f.rank, f.epoch) != (who.side, who.rank, epoch):
+                    raise ProtocolError(self.me, f"the failure under {key!r} is {f.side} {f.rank}'s of epoch {f.epoch}")
+            except (ForgedMessage, ProtocolError) as exc:
+                # Not a failure anyone published: ignored (raising here would fail every later push of
+                # a rank still watching this epoch); a real failure it replaced still shows through the
+                # failing rank's heartbeat, its dropped sockets and the deadline.
+                self._ignore(key, None, exc)
+                continue
             if f is None:
                 continue
-            if (f.side, f.rank, f.epoch) != (who.side, who.rank, epoch):
-                raise ProtocolError(self.me, f"the failure under {key!r} is {f.side} {f.rank}'s of epoch {f.epoch}")
             if f.id not in self._failed:
                 self._failed[f.id] = f
                 seen.append(f.id)
         return seen
+
+    def _ignore(self, key: str, raw: bytes | None, exc: BaseException) -> None:
+        """Log a bad value under a failure key once per key and error."""
+        note = (key, str(exc)[:200])
+        if note not in self._ignored:
+            self._ignored.add(note)
+            log.warning("%s: ignoring the value under %r: %s", self.me, key, exc)
 
     def failure_count(self, epoch: int) -> int:
         """How many failures of ``epoch`` this control plane has seen (read now): the ``since`` of later waits."""
@@ -353,10 +435,10 @@ class ControlPlane:
         """Failures published in ``epoch`` after the first ``since`` this control plane saw."""
         return [self._failed[i] for i in self._refresh_failures(epoch)[since:]]
 
-    def raise_failures(self, epoch: int, since: int = 0) -> None:
+    def raise_failures(self, epoch: int, since: int = 0, only: Callable[[Failure], bool] | None = None) -> None:
         for f in self.failures(epoch, since):
             who = RankId(f.side, f.rank)
-            if who != self.me:
+            if who != self.me and (only is None or only(f)):
                 raise PeerFailed(self.me, who, f"{f.error}: {f.message}")
 
     # -- handshake ------------------------------------------------------------------------
@@ -366,17 +448,54 @@ class ControlPlane:
         members: Sequence[RankId],
         expected_dtypes: Mapping[RankId, str],
         deadline: float,
+        joins: Mapping[RankId, Join] | None = None,
     ) -> dict[RankId, Hello]:
-        """Publish ``hello``, wait for every member's, check agreement (contract 3)."""
+        """Publish ``hello``, wait for every member's, check agreement (contract 3). ``joins``: the
+        members' join records when the epoch began (a member that restarted since ends the wait).
+
+        A value under a member's hello key that is not a readable hello of that member (garbage, or
+        planted before the member wrote its own) is waited past: the member overwrites it, as this
+        rank puts its own hello back while waiting (so a stranger's value costs at most the deadline,
+        never a failed handshake while the real hellos are on their way)."""
         epoch = hello.epoch
-        self.set(self.keys.hello(epoch, self.me.key), hello)
-        keys = [self.keys.hello(epoch, m.key) for m in members]
-        raw = self.wait_for(keys, deadline, f"hello of every member of epoch {epoch}", epoch=epoch, watch=members)
-        hellos = {m: self.parse(k, v, Hello) for m, k, v in zip(members, keys, raw)}
-        for m, h in hellos.items():
-            if (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
-                raise ProtocolError(self.me, f"the hello under {self.keys.hello(epoch, m.key)!r} is {h.side} "
-                                    f"{h.rank}'s of epoch {h.epoch}")
+        mine = self.keys.hello(epoch, self.me.key)
+        self.set(mine, hello)
+        keys = {m: self.keys.hello(epoch, m.key) for m in members}
+        hellos: dict[RankId, Hello] = {}
+        bad: dict[str, str] = {}
+
+        def read(m: RankId) -> Hello | None:
+            try:
+                h = self.get(keys[m], Hello)
+            except (ForgedMessage, ProtocolError) as exc:
+                bad[keys[m]] = str(exc)
+                return None
+            if h is not None and (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
+                bad[keys[m]] = f"a hello of {h.side} {h.rank} in epoch {h.epoch}"
+                return None
+            bad.pop(keys[m], None)
+            return h
+
+        def ready(_: list[bytes]) -> bool:
+            if read(self.me) != hello:
+                self.set(mine, hello)  # overwritten by someone else: put it back
+            for m in members:
+                if m not in hellos:
+                    h = read(m)
+                    if h is not None:
+                        hellos[m] = h
+            return len(hellos) == len(members)
+
+        what = f"hello of every member of epoch {epoch}"
+        try:
+            self.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=joins)
+        except DeadlineExceeded:
+            missing = [keys[m] for m in members if m not in hellos]
+            unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]
+            detail = f" (missing {', '.join(missing[:3])}" + (f"; unreadable: {', '.join(unreadable[:2])}" if unreadable
+                                                              else "") + ")"
+            raise DeadlineExceeded(self.me, what + detail, self.timeout_s) from None
+        hellos = {m: hellos[m] for m in members}
         check_hellos(self.me, hellos, expected_dtypes)
         return hellos
 

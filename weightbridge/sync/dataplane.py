@@ -6,9 +6,11 @@ in for it (the unit tests move bytes through the store, in threads).
 
 Call sequence, on every member of an epoch (trainer ranks and the epoch's rollout ranks):
 
-1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=..., roster=...)`` once
-   per epoch, after the handshake; returns when every member connected (or raises). ``roster`` is
-   the epoch's :class:`~weightbridge.sync.roster.Roster` (errors name spec ranks through it).
+1. ``connect(store, prefix=..., bridge_rank=..., world_size=..., num_trainers=..., roster=..., watch=...)``
+   once per epoch, after the handshake; returns when every member connected (or raises). ``roster`` is
+   the epoch's :class:`~weightbridge.sync.roster.Roster` (errors name spec ranks through it);
+   ``watch()`` raises when a member failed, died or restarted meanwhile, and a data plane that
+   waits for its peers calls it while waiting (and raises what it raised).
 2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=..., version=...)`` once per push, on
    every member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
    in the plan's exchange rounds and local copies). ``version`` is the pushed version (with
@@ -44,7 +46,7 @@ class RunStats(NamedTuple):
 class DataPlane(Protocol):
     def connect(
         self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,
-        roster: Roster | None = None,
+        roster: Roster | None = None, watch: Callable[[], None] | None = None,
     ) -> None: ...
 
     def run(
@@ -91,7 +93,7 @@ class TransportDataPlane:
 
     def connect(
         self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,
-        roster: Roster | None = None,
+        roster: Roster | None = None, watch: Callable[[], None] | None = None,
     ) -> None:
         from weightbridge.transport.group import create_bridge_group
 
@@ -107,6 +109,7 @@ class TransportDataPlane:
             device=self.device if self.backend == "nccl" else None,
             roster=roster,
             signer=self.signer,
+            watch=watch,
         )
 
     def authenticate(self, peers: Sequence[int], token: Callable[[int, int], bytes]) -> float:

@@ -7,7 +7,8 @@ written ``trainer/1`` or ``rollout/3`` (spec numbering). ``E`` is a membership e
 key                               value                  written by / when
 ================================  =====================  ===============================================
 ``P/join/S/R``                    :class:`Join`          every rank when it connects (a restart writes
-                                                         a new nonce); deleted by ``close()``
+                                                         a new nonce and a later ``started``); deleted
+                                                         by ``close()``
 ``P/leave/S/R``                   :class:`Leave`         ``close()``
 ``P/hb/S/R``                      int (ASCII)            the rank's heartbeat thread: its own counter
                                                          (``set``; starts at the wall clock in ms)
@@ -18,11 +19,14 @@ key                               value                  written by / when
 ``P/e{E}/hello/S/R``              :class:`Hello`         every member entering epoch ``E`` (its nonce
                                                          also keys the epoch's data-sender check)
 ``P/e{E}/fail/S/R``               :class:`Failure`       rank ``S/R``'s latest failure in epoch ``E``
-                                                         (a fresh ``id`` each; no counter)
+                                                         (a fresh ``id`` each; no counter), naming the
+                                                         push (``version``) it failed in
 ``P/e{E}/failed``                 ``"S/R id"``           whoever failed last in epoch ``E`` (after its
                                                          ``fail`` key): readers rescan when it changes
-``P/e{E}/pg/...``                 (transport, unsigned)  the epoch's bridge-group rendezvous (c10d's
-                                                         own keys; the data-sender check covers it)
+``P/e{E}/pg/...``                 (transport)            the epoch's bridge-group rendezvous (c10d's
+                                                         own keys, sealed by the transport's
+                                                         ``SealedStore``, its ``add`` counters excepted;
+                                                         the data-sender check covers it too)
 ``P/ann``                         :class:`Announce`      trainer 0, once per push (latest only)
 ``P/ack/staged/R``                :class:`Ack`           rollout rank ``R`` (latest), data complete;
                                                          carries the rank's join nonce and the epoch
@@ -38,7 +42,7 @@ change, on its own monotonic clock, so clock skew between hosts does not matter.
 
 **Every value is authenticated** (:mod:`.auth`): stored as ``MAC || body``, the MAC over the
 full key and the body, so a reader accepts a value only under the key it was written for
-(the c10d keys under ``pg/`` excepted). Nothing is a ``store.add`` counter. What a replayed
+(the c10d ``add`` counters under ``pg/`` excepted). Nothing is a ``store.add`` counter. What a replayed
 old genuine value can still do, key by key, is in ``docs/trust.md``: at most a typed error or
 a wait to the deadline.
 """
@@ -69,6 +73,7 @@ class Join(_Message):
     nonce: str  # unique per process incarnation
     pid: int
     host: str
+    started: int = 0  # when this incarnation's bridge was created (ms, wall clock): a later process has a larger one
 
 
 class Leave(_Message):
@@ -108,6 +113,7 @@ class Hello(_Message):
     dtype_diffs: tuple[str, ...] = ()  # "name: spec bfloat16, tensor float32" (first few)
     wire: str = ""  # data-plane options that shape the wire (e.g. "checksums=False")
     nonce: str
+    started: int = 0  # the rank process's start (ms), as in its Join: a later join record means it restarted
 
 
 class Announce(_Message):
@@ -117,6 +123,12 @@ class Announce(_Message):
     seq: int
     version: int
     epoch: int
+    started: int = 0  # trainer 0's process start (ms): a restarted trainer 0 announces with a larger one
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """``(epoch, seq, started)``: what rollout ranks compare (:func:`weightbridge.runtime.coordinator.receives`)."""
+        return self.epoch, self.seq, self.started
 
 
 class Ack(_Message):
@@ -158,6 +170,7 @@ class Failure(_Message):
     error: str  # exception type name
     message: str
     id: str = ""  # fresh per published failure (readers tell a new failure from one already seen)
+    version: int | None = None  # the push it failed in (trainer: push(version); rollout: the announced version)
 
 
 AnyMessage = Annotated[

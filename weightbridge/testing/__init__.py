@@ -57,6 +57,9 @@ The fixture contract (precisely):
   ``on_round`` hook the fault scenarios use). Rollout kwargs are picklable, so an engine
   that runs its ranks in worker processes it starts itself (vLLM) forwards them there.
   ``ctx.init_process_group()`` starts the side's own Gloo world if the framework needs one.
+  Every rank process finds the run's job secret in ``WEIGHTBRIDGE_SECRET``; the ``impostor``
+  scenario runs the trainer factory in processes given another one, so a side must take the
+  secret from there (or the spec's ``sync.secret_file``), not from ``BridgeOptions(secret=...)``.
 
 Every requirement is listed in :data:`REQUIREMENTS` (``weightbridge.testing.requirements``);
 ``integration_guides/README.md`` explains how to read failures.

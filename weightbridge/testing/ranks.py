@@ -5,12 +5,14 @@ returns a list of plain dict events (picklable) that the suite's tests assert on
 here is bounded by the script's ``run_s``; the parent kills the process at its own deadline.
 
 Store keys of the suite (prefix ``wbtest/``): ``ready/rollout/R`` (unit built), ``pushed/T/V``,
-``trainer-done/T``, ``killed_at`` (set by :class:`~weightbridge.testing.contract.FaultHook`),
+``failed/T/V`` (push V raised on trainer rank T), ``trainer-done/T`` (``impostor-done/T`` for a trainer
+without the job secret), ``killed_at`` (set by :class:`~weightbridge.testing.contract.FaultHook`),
 ``state/rollout/R`` (post-failure state recorded).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -110,6 +112,16 @@ def _build(job: dict[str, Any]):
     return load_factory(job["factory"], f"{job['role']} factory")(job["ctx"])
 
 
+def _hold(store, hold: dict[str, Any]) -> dict[str, Any]:
+    """Hold the unit before an apply until one of ``hold["until"]`` is set (at most ``max_s``): an
+    engine slower to reach its safe point than the trainer's deadline."""
+    t0, end, released = time.time(), time.monotonic() + hold["max_s"], None
+    while released is None and time.monotonic() < end:
+        released = next((k for k in hold["until"] if store.check([k])), None)
+        time.sleep(0.01)
+    return {"kind": "held", "start": t0, "time": time.time(), "released_by": released}
+
+
 # ---------------------------------------------------------------------------------------------
 # trainer ranks
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +135,21 @@ def trainer_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     deadline = time.monotonic() + s["run_s"]
     for name in s.get("after_keys", ()):
         wait_key(store, name, deadline, "the failure to be handled before restarting")
-    side = _build(job)
+    done = key(s.get("done_key", "trainer-done"), ctx.rank)
+    if s.get("wrong_secret"):
+        # An impostor: the integration's own trainer code in a process that does not hold the job
+        # secret (the environment is where the suite's processes find it), but another one that
+        # every impostor rank shares (so they act as one trainer side).
+        from weightbridge.sync.auth import ENV
+
+        os.environ[ENV] = s["wrong_secret"]
+        try:
+            side = _build(job)
+        except BaseException as exc:  # noqa: BLE001 - refused while connecting: reported to the test
+            store.set(done, "1")
+            return [error_event(exc, version=None, start=time.time())]
+    else:
+        side = _build(job)
     layout = resolved.trainer.ranks[ctx.rank]
     if s.get("probe"):
         out = {"kind": "layout", "rank": ctx.rank, "problems": tensor_problems(layout, side.tensors())}
@@ -143,13 +169,14 @@ def trainer_body(job: dict[str, Any]) -> list[dict[str, Any]]:
             result = side.push(v)
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             events.append(error_event(exc, version=v, start=t0))
+            store.set(key("failed", ctx.rank, v), "1")
             if s.get("stop_on_error", True):
                 break
             continue
         events.append({"kind": "pushed", "version": v, "start": t0, "time": time.time(),
                        "delta_buckets": getattr(result, "delta_buckets", None)})
         store.set(key("pushed", ctx.rank, v), "1")
-    store.set(key("trainer-done", ctx.rank), "1")
+    store.set(done, "1")
     side.close()
     return events
 
@@ -216,6 +243,7 @@ def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     trainers_done = [key("trainer-done", t) for t in range(s["num_trainers"])]
     state_pending, failed_after_kill, done_at = bool(s.get("record_state")), False, None
+    hold, ready_count = s.get("hold_apply"), 0
     while time.monotonic() < deadline:
         if done_at is None and store.check(trainers_done):
             done_at = time.monotonic()
@@ -223,6 +251,9 @@ def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
             break
         try:
             if unit.poll():
+                ready_count += 1
+                if hold and ready_count == hold["nth"]:
+                    events.append(_hold(store, hold))
                 time.sleep(s.get("apply_delay_s", 0.0))  # a slow engine reaching its safe point
                 t0 = time.time()
                 v = unit.apply()

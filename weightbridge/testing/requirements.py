@@ -74,6 +74,9 @@ _ALL = (
        "bitwise, while each push changes few elements and travels as deltas.",
        "the receive tensors must be written only by the bridge between pushes (deltas apply onto them): an engine "
        "that rewrites, re-allocates or casts them gets DeltaBaseMismatch or wrong weights"),
+    _r("async.failed-push.heals", "async-heal",
+       "In async mode, after a push fails because a receiver applied too slowly, the next pushes succeed bitwise.",
+       "keep calling push() after a typed error (never remember it and re-raise), and keep poll()/apply() going"),
     _r("fault.sender-dies.typed-error", "sender-dies",
        "A trainer rank killed mid-push makes every surviving rank raise a typed BridgeError within the deadline.",
        "let BridgeError subclasses propagate from push() and poll(); do not catch and retry them"),
@@ -92,6 +95,11 @@ _ALL = (
     _r("membership.late-joiner.receives", "late-joiner",
        "A rollout instance that starts after the first push receives a later push bitwise.",
        "connect the RolloutBridge whenever the engine starts; never require the trainer to wait for it"),
+    _r("auth.unauthenticated-sender.refused", "impostor",
+       "A trainer process without the job secret gets no version applied, and the next genuine push lands bitwise.",
+       "the suite gives the impostor processes another WEIGHTBRIDGE_SECRET: take the job secret from it (or "
+       "sync.secret_file), not from BridgeOptions(secret=...) fed by code or a file of your own; keep sync.auth "
+       "required"),
     _r("handshake.mismatch.before-data", "handshake",
        "A rank with a different spec makes every rank raise HandshakeMismatch before any weight changes.",
        "every rank must build its bridge from ctx.spec_path (the same spec everywhere)"),

@@ -13,6 +13,10 @@ no-receiver    trainers only; push(1) must fail in time
 late-joiner    the last instance starts after version 1 was pushed; versions 1..3
 delta          sync, ``sync.delta: on``; versions 1..6, each redrawing 2% of the elements
 handshake      the last rollout unit gets a spec with another round_bytes (another spec hash)
+async-heal     async, max_staleness 1, versions 1..5; the last rollout unit holds version 2
+               unapplied until push(3) ended (it must fail: the staleness wait's deadline)
+impostor       sync; trainer processes without the job secret (the integration's own trainer
+               code) push version 9 to the running rollout units; then the real trainers push 1
 =============  ==============================================================================
 """
 
@@ -27,6 +31,7 @@ from weightbridge.testing.contract import TEST_KEYS, RankContext
 from weightbridge.testing.ranks import key
 
 HOST = "127.0.0.1"
+IMPOSTOR_VERSION = 9  # what the trainers without the job secret push (the real ones push 1)
 ROUND_CANDIDATES = (1 << 20, 256 << 10, 64 << 10, 16 << 10, 4 << 10, 1 << 10)
 
 
@@ -153,8 +158,8 @@ class Runner:
                            spec_path=str(spec), host=HOST, port=port, prefix="wb", timeout_s=self.integ.timeout_s,
                            heartbeat_s=self.integ.heartbeat_s, workdir=str(spec.parent), **kw)
 
-    def _budget(self) -> float:
-        return self.integ.startup_s + 6 * self.integ.timeout_s + 10
+    def _budget(self, extra_s: float = 0.0) -> float:
+        return self.integ.startup_s + 6 * self.integ.timeout_s + 10 + extra_s
 
     def _trainers(self, spec, port, script, *, fault_last=None, incarnation=0, label="", **kw) -> list[dict]:
         n = self.integ.resolved.trainer.world_size
@@ -180,14 +185,14 @@ class Runner:
             jobs.append({"role": "rollout", "ctx": ctx, "factory": self.integ.rollout, "script": sc, "label": label})
         return jobs
 
-    def _launch(self, name: str, spec: Path, store, jobs: list[dict]) -> ScenarioRun:
+    def _launch(self, name: str, spec: Path, store, jobs: list[dict], extra_s: float = 0.0) -> ScenarioRun:
         from weightbridge.testing.ranks import run_job
         from weightbridge.testing.localrun import launch
 
         preload = ["weightbridge.testing.ranks", *self.integ.preload,
                    *{j["factory"].partition(":")[0] for j in jobs}]
         t0 = time.perf_counter()
-        results = launch(run_job, [(j,) for j in jobs], timeout_s=self._budget(), preload=preload)
+        results = launch(run_job, [(j,) for j in jobs], timeout_s=self._budget(extra_s), preload=preload)
         killed = float(store.get(key("killed_at"))) if store.check([key("killed_at")]) else None
         procs = []
         for j, res in zip(jobs, results):
@@ -198,18 +203,18 @@ class Runner:
                                     res.exitcode, res.timed_out))
         return ScenarioRun(name, spec, procs, killed, time.perf_counter() - t0, self.integ.timeout_s)
 
-    def _go(self, name: str, spec: Path, make_jobs) -> ScenarioRun:
+    def _go(self, name: str, spec: Path, make_jobs, extra_s: float = 0.0) -> ScenarioRun:
         from weightbridge.transport.store import open_store
 
-        store = open_store(HOST, 0, is_master=True, timeout_s=self._budget())
+        store = open_store(HOST, 0, is_master=True, timeout_s=self._budget(extra_s))
         try:
-            return self._launch(name, spec, store, make_jobs(store.port))
+            return self._launch(name, spec, store, make_jobs(store.port), extra_s)
         finally:
             del store
 
-    def _common(self, versions: list[int], **extra) -> tuple[dict, dict]:
+    def _common(self, versions: list[int], extra_s: float = 0.0, **extra) -> tuple[dict, dict]:
         n_roll = self.integ.resolved.rollout.world_size
-        run_s = self._budget() - 2
+        run_s = self._budget(extra_s) - 2
         trainer = {"versions": versions, "await_ready": list(range(n_roll)), "run_s": run_s, **extra}
         rollout = {"last": versions[-1], "num_trainers": self.integ.resolved.trainer.world_size, "run_s": run_s}
         return trainer, rollout
@@ -231,6 +236,32 @@ class Runner:
         tr, ro = self._common([1, 2, 3, 4])
         ro["apply_delay_s"] = 0.15
         return self._go("async", spec, lambda port: self._trainers(spec, port, tr) + self._rollouts(spec, port, ro))
+
+    def _async_heal(self) -> ScenarioRun:
+        spec = self._spec("async-heal", mode="async", max_staleness=1)
+        tr, ro = self._common([1, 2, 3, 4, 5], stop_on_error=False)
+        # the last unit's 2nd apply (version 2) waits until trainer 0's push(3) ended
+        hold = {"nth": 2, "until": [key("failed", 0, 3), key("pushed", 0, 3)], "max_s": 3 * self.integ.timeout_s + 5}
+
+        def jobs(port):
+            units = self._rollouts(spec, port, ro)
+            units[-1]["script"] = {**units[-1]["script"], "hold_apply": hold}
+            return self._trainers(spec, port, tr) + units
+
+        return self._go("async-heal", spec, jobs)
+
+    def _impostor(self) -> ScenarioRun:
+        from weightbridge.sync.auth import new_secret
+
+        n = self.integ.resolved.trainer.world_size
+        extra = self.integ.startup_s  # the real trainers start once the impostors are done
+        spec = self._spec("impostor", mode="sync")
+        impostor, ro = self._common([IMPOSTOR_VERSION], extra, wrong_secret=new_secret(), done_key="impostor-done")
+        real = {"versions": [1], "after_keys": [key("impostor-done", t) for t in range(n)], "run_s": impostor["run_s"]}
+        ro["last"] = 1
+        return self._go("impostor", spec, lambda port: (
+            self._trainers(spec, port, impostor, incarnation=1, label=" (no secret)")
+            + self._rollouts(spec, port, ro) + self._trainers(spec, port, real)), extra)
 
     def _sender_dies(self) -> ScenarioRun:
         r = self.integ.resolved
@@ -285,4 +316,4 @@ class Runner:
                         + self._rollouts(spec, port, ro, odd_spec=odd))
 
 
-__all__ = ["TEST_KEYS", "Integration", "ProcResult", "Runner", "ScenarioRun", "write_run_spec"]
+__all__ = ["IMPOSTOR_VERSION", "TEST_KEYS", "Integration", "ProcResult", "Runner", "ScenarioRun", "write_run_spec"]

@@ -215,6 +215,42 @@ class ConformanceSuite:
                              f"(max_staleness {k})")
         v.done()
 
+    @requirement("async.failed-push.heals")
+    def test_async_recovers_after_a_push_that_timed_out(self, wb_runner):
+        run = wb_runner.run("async-heal")
+        v = Verdict("async.failed-push.heals", run)
+        if v.processes_ok():
+            slow = run.role("rollout")[-1]
+            held = slow.of("held")
+            if not held:
+                v.add(f"{slow.label}: never had a second version ready to apply")
+            elif held[0]["released_by"] is None:
+                v.add(f"{slow.label}: held version 2 unapplied, but trainer 0's push(3) neither failed nor returned "
+                      f"within {3 * self.timeout_s + 5:.0f}s")
+            for proc in run.role("trainer"):
+                ends = {e["version"]: e for e in proc.events if e["kind"] in ("pushed", "error")}
+                e3 = ends.get(3)
+                if e3 is None:
+                    v.add(f"{proc.label}: push(3) never ended")
+                elif e3["kind"] == "pushed":
+                    v.add(f"{proc.label}: push(3) returned while {slow.label} had not applied version 2 "
+                          "(max_staleness 1)")
+                else:
+                    v.expect(e3["typed"], f"{proc.label}: push(3) raised {e3['type']} (not a weightbridge BridgeError)")
+                for ver in (4, 5):
+                    e = ends.get(ver)
+                    if e is None or e["kind"] != "pushed":
+                        v.add(f"{proc.label}: push({ver}) after the failed push(3) "
+                              + (f"raised {e['type']}: {e['message'][:300]}" if e else "never ran"))
+            for proc in run.role("rollout"):
+                seq = [e["version"] for e in proc.of("applied")]
+                v.expect(bool(seq) and seq[-1] == 5 and 3 not in seq,
+                         f"{proc.label}: applied {seq}, expected to end at 5 (never 3)")
+                for e in proc.of("applied"):
+                    bad = first_bad(e["bad"])
+                    v.expect(not bad, f"{proc.label} version {e['version']}: {bad}")
+        v.done()
+
     # -- faults ------------------------------------------------------------------------------
     def _killed(self, v: Verdict, run) -> bool:
         return v.expect(run.killed_at is not None,
@@ -313,6 +349,37 @@ class ConformanceSuite:
                 for e in proc.of("applied"):
                     bad = first_bad(e["bad"])
                     v.expect(not bad, f"{proc.label} version {e['version']}: {bad}")
+        v.done()
+
+    @requirement("auth.unauthenticated-sender.refused")
+    def test_a_trainer_without_the_job_secret_gets_nothing_applied(self, wb_runner):
+        from weightbridge.testing.scenarios import IMPOSTOR_VERSION as BAD
+
+        run = wb_runner.run("impostor")
+        v = Verdict("auth.unauthenticated-sender.refused", run)
+        if v.processes_ok():
+            for proc in run.role("trainer"):
+                impostor = proc.label.endswith("(no secret)")
+                if impostor:
+                    v.expect(not proc.of("pushed"), f"{proc.label}: push({BAD}) returned: rollout ranks acked a "
+                             "trainer without the job secret")
+                else:
+                    v.expect(bool(proc.of("pushed")), f"{proc.label}: the real push(1) after the impostor "
+                             + "; ".join(f"raised {e['type']}: {e['message'][:300]}" for e in proc.of("error")))
+                for e in proc.of("error"):
+                    v.expect(e["typed"], f"{proc.label}: raised {e['type']} (not a weightbridge BridgeError): "
+                             f"{e['message'][:200]}")
+            for proc in run.role("rollout"):
+                seq = [e["version"] for e in proc.of("applied")]
+                v.expect(BAD not in seq,
+                         f"{proc.label}: applied version {BAD}, pushed by trainers without the job secret")
+                v.expect(seq == [1], f"{proc.label}: applied {seq}, expected only the real trainers' version 1")
+                for e in proc.of("applied"):
+                    bad = first_bad(e["bad"])
+                    v.expect(not bad, f"{proc.label} version {e['version']}: {bad}")
+                for e in proc.of("error"):
+                    v.expect(e["typed"], f"{proc.label}: raised {e['type']} (not a weightbridge BridgeError): "
+                             f"{e['message'][:200]}")
         v.done()
 
     @requirement("handshake.mismatch.before-data")

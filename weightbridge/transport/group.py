@@ -15,16 +15,19 @@ without one numbers ranks as its plan does (trainer plan rank ``t`` -> ``t``, ro
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from weightbridge.errors import BridgeError
 from weightbridge.sync.roster import Roster
 from weightbridge.transport.errors import PeerTimeout, TransportError, classify
 
@@ -127,6 +130,7 @@ def create_bridge_group(
     device: torch.device | str | None = None,
     roster: Roster | None = None,
     signer: Any = None,
+    watch: Callable[[], None] | None = None,
 ) -> BridgeGroup:
     """Create the bridge group on ``store`` (all ``world_size`` ranks call this; it returns when all joined).
 
@@ -137,9 +141,17 @@ def create_bridge_group(
     epoch's, from the control plane) names the ranks in errors; None: plan numbering. ``signer``
     (a :class:`~weightbridge.sync.auth.Signer` with the job secret): the rendezvous values (each
     rank's listening addresses, NCCL's unique id) are sealed with it (:class:`SealedStore`), so a
-    process without the secret cannot redirect a rank's connections to itself.
+    process without the secret cannot redirect a rank's connections to itself. ``watch`` (the
+    control plane's :meth:`~weightbridge.sync.control.ControlPlane.epoch_watch`) runs while this rank
+    waits for the others; what it raises (a peer failed, died or restarted) ends the creation at once
+    and is raised here, instead of this rank waiting for a peer that will never come.
     Raises :class:`~weightbridge.transport.errors.PeerTimeout` when not every rank joins within
     ``timeout_s``.
+
+    Gloo connects the full mesh in its constructor and waits up to 5 x ``timeout_s`` for each pair
+    (a peer killed after publishing its address): the constructor runs on a helper thread
+    (:func:`_gloo_bounded`) that this one waits for, up to ``timeout_s``, running ``watch``; one it
+    gives up on is abandoned (its store waits end at once, a group it still builds is shut down).
     """
     if not 0 < num_trainers < world_size:
         raise ValueError(f"need 0 < num_trainers ({num_trainers}) < world_size ({world_size})")
@@ -153,12 +165,13 @@ def create_bridge_group(
     while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): its current raw connection
         store = store.underlying()
     bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
-    pstore = dist.PrefixStore(prefix.rstrip("/") + "/", store)
-    if signer is not None and signer.enabled:
-        pstore = SealedStore(pstore, signer, prefix.rstrip("/") + "/")
+    sealed = signer is not None and signer.enabled
+    # Gloo: watch() runs on this thread while a helper thread builds the group; NCCL: in the store's waits.
+    pstore = SealedStore(dist.PrefixStore(prefix.rstrip("/") + "/", store), signer if sealed else None,
+                         prefix.rstrip("/") + "/", watch=watch if backend == "nccl" else None, timeout_s=timeout_s)
     try:
         if backend == "gloo":
-            pg = _gloo(pstore, rank, world_size, timeout_s, bind_host)
+            pg = _gloo_bounded(pstore, rank, world_size, timeout_s, bind_host, watch)
             return BridgeGroup(pg, rank, world_size, "gloo", num_trainers, float(timeout_s), torch.device("cpu"),
                                roster=roster)
         if backend == "nccl":
@@ -166,6 +179,8 @@ def create_bridge_group(
     except TransportError:
         raise
     except Exception as exc:  # noqa: BLE001 - wrapped as a typed error naming this rank
+        if isinstance(pstore.aborted, BridgeError):
+            raise pstore.aborted from None  # the watch's finding (a peer failed, died or restarted)
         name = (roster or Roster.identity(num_trainers, world_size - num_trainers)).describe(rank)
         raise classify(exc)(rank, None, None, f"creating the {backend} bridge group failed: {exc}",
                             rank_name=name) from exc
@@ -184,6 +199,70 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+_ABANDONED: list[tuple[threading.Thread, float]] = []  # group builds given up on, and when they end at the latest
+
+
+def _gloo_bounded(pstore: SealedStore, rank: int, world_size: int, timeout_s: float, bind_host: str | None,
+                  watch: Callable[[], None] | None) -> Any:
+    """:func:`_gloo` on a helper thread, waited for here up to ``timeout_s`` while ``watch()`` runs (Gloo's
+    constructor releases the GIL). Given up on (``watch`` raised, or the deadline): the store's waits
+    are abandoned and what raised ends up in ``pstore.aborted``, or a timeout error is raised."""
+    box: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def build() -> None:
+        try:
+            pg = _gloo(pstore, rank, world_size, timeout_s, bind_host)
+        except BaseException as exc:  # noqa: BLE001 - raised on the waiting thread
+            box["error"] = exc
+            return
+        with lock:
+            if box.get("abandoned"):
+                _shut(pg)  # nobody waits for it any more: release its sockets
+            else:
+                box["pg"] = pg
+
+    thread = threading.Thread(target=build, name=f"weightbridge-gloo-rendezvous-{rank}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            thread.join(0.01)
+            if not thread.is_alive():
+                break
+            if watch is not None:
+                watch()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"wait timeout after {timeout_s * 1000:.0f}ms: not every rank connected")
+    except BaseException as exc:
+        with lock:
+            box["abandoned"] = True
+            pg = box.pop("pg", None)
+        if pg is not None:
+            _shut(pg)
+        pstore.abandon(exc)
+        _ABANDONED.append((thread, time.monotonic() + 5 * timeout_s + 5))
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["pg"]
+
+
+def _shut(pg: Any) -> None:
+    try:
+        pg.abort() if hasattr(pg, "abort") else pg.shutdown()
+    except Exception:  # noqa: BLE001 - best effort on teardown
+        pass
+
+
+@atexit.register
+def _join_abandoned() -> None:
+    """At exit, let abandoned group builds end first (each within Gloo's own 5 x timeout_s): a daemon
+    thread still inside Gloo's C++ while the interpreter finalizes can crash the exit."""
+    for thread, end in _ABANDONED:
+        thread.join(max(0.0, end - time.monotonic()))
+
+
 def _gloo(pstore: Any, rank: int, world_size: int, timeout_s: float, bind_host: str | None) -> Any:
     """The Gloo backend. Gloo listens on the address of this machine's hostname (or ``GLOO_SOCKET_IFNAME``),
     never on every interface; when the control store is on loopback (a single-host run) it listens on
@@ -198,29 +277,63 @@ def _gloo(pstore: Any, rank: int, world_size: int, timeout_s: float, bind_host: 
 
 
 class SealedStore(dist.Store):
-    """A store whose values are sealed with the job secret (``MAC || value``, bound to the full key).
+    """The bridge group's rendezvous store: values sealed with the job secret, waits that can be ended.
 
     The backends' rendezvous (c10d keys under the epoch's ``pg/`` prefix) goes through it: a value
     without the MAC raises :class:`~weightbridge.errors.ForgedMessage` (the group creation then fails
-    with a typed ``TransportError``) instead of connecting to whoever wrote it. ``add`` counters are
-    left as they are (the backends' own barriers).
+    with a typed ``TransportError``) instead of connecting to whoever wrote it (``signer`` None,
+    ``auth: off``: values as they are). ``get`` and ``wait`` poll for the keys instead of blocking
+    in the store, calling ``watch()`` in between: what it raises is kept in :attr:`aborted` and ends
+    the backend's rendezvous (:func:`create_bridge_group` raises it). ``add`` counters are left as
+    they are (the backends' own barriers).
     """
 
-    def __init__(self, inner: Any, signer: Any, prefix: str) -> None:
+    def __init__(self, inner: Any, signer: Any, prefix: str, *, watch: Callable[[], None] | None = None,
+                 timeout_s: float | None = None) -> None:
         super().__init__()
         self.inner, self.signer, self.prefix = inner, signer, prefix
+        self.watch, self.timeout_s = watch, timeout_s
+        self.aborted: BaseException | None = None
+
+    def abandon(self, why: BaseException) -> None:
+        """The rank gave up on this rendezvous (``why``): every wait on it, now or later, raises at once."""
+        if self.aborted is None:
+            self.aborted = why
 
     def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, self.signer.seal(self.prefix + key, bytes(value)))
+        value = bytes(value)
+        self.inner.set(key, value if self.signer is None else self.signer.seal(self.prefix + key, value))
 
     def get(self, key: str) -> bytes:
-        return self.signer.open(self.prefix + key, self.inner.get(key), "bridge group rendezvous")
+        self._await([key], None)
+        value = self.inner.get(key)
+        return value if self.signer is None else self.signer.open(self.prefix + key, value, "bridge group rendezvous")
 
     def check(self, keys: list[str]) -> bool:
         return self.inner.check(keys)
 
     def wait(self, keys: list[str], timeout: Any = None) -> None:
-        return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+        self._await(list(keys), timeout)
+
+    def _await(self, keys: list[str], timeout: Any) -> None:
+        """Poll until every key exists; the deadline: ``timeout``, else the group's ``timeout_s``, else the store's."""
+        if self.aborted is not None:
+            raise RuntimeError(f"bridge group rendezvous abandoned: {self.aborted}")
+        if timeout is None:
+            timeout = self.timeout_s if self.timeout_s is not None else self.inner.timeout
+        limit_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        deadline, sleep_s = time.monotonic() + limit_s, 0.001
+        while not self.inner.check(keys):
+            if self.watch is not None:
+                try:
+                    self.watch()
+                except BaseException as exc:  # noqa: BLE001 - kept, and raised by create_bridge_group
+                    self.aborted = exc
+                    raise RuntimeError(f"bridge group rendezvous abandoned: {exc}") from None
+            if time.monotonic() > deadline:  # c10d's wording: classify() makes it a PeerTimeout
+                raise RuntimeError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {', '.join(keys)}")
+            time.sleep(sleep_s)
+            sleep_s = min(sleep_s * 2, 0.01)
 
     def add(self, key: str, value: int) -> int:
         return self.inner.add(key, value)

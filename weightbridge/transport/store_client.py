@@ -41,9 +41,10 @@ import torch.distributed as dist
 from weightbridge.errors import StoreUnreachable
 from weightbridge.transport.store import open_store
 
-__all__ = ["ATTEMPT_S", "STORE_ID_KEY", "ReconnectingStore", "connect_store", "serve"]
+__all__ = ["ABSENT", "ATTEMPT_S", "STORE_ID_KEY", "ReconnectingStore", "connect_store", "serve"]
 
 STORE_ID_KEY = "weightbridge/store-id"
+ABSENT = b"\x00weightbridge: no such key\x00"  # what peek's compare_set answers for a missing key
 ATTEMPT_S = 1.0  # the longest single connection attempt (a dead host is retried this often)
 _RETRIED = ("get", "check", "set", "add", "delete_key")
 
@@ -162,6 +163,13 @@ class ReconnectingStore:
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         return self._call("compare_set", key, expected, desired, retry=False)
+
+    def peek(self, key: str) -> bytes | None:
+        """The value under ``key``, or None if there is none, without blocking (``get`` waits for a
+        missing key until the store's timeout; a key deleted between ``check`` and ``get`` did that).
+        One ``compare_set`` that can never match, so it never writes; retried like ``get``."""
+        value = self._call("compare_set", key, ABSENT, ABSENT)
+        return None if value == ABSENT else value
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self.timeout_s = timeout.total_seconds()

@@ -1,4 +1,4 @@
-"""Factories for the weightbridge conformance suite, and five documented ways to break the integration.
+"""Factories for the weightbridge conformance suite, and seven documented ways to break the integration.
 
 The suite calls ``build_trainer(ctx)`` in each trainer rank process and ``build_rollout(ctx)`` in
 each rollout rank process (see ``weightbridge.testing``). ``BREAKAGES`` maps a name to the
@@ -8,6 +8,7 @@ factories that build a deliberately broken integration and the requirement id th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from weightbridge.errors import BridgeError, DeadlineExceeded
@@ -18,17 +19,26 @@ from toyrl.trainer import ToyTrainer
 from toyrl.weightsync import EngineSync, TrainerSync
 
 
-def build_trainer(ctx, cls=TrainerSync):
+def build_trainer(ctx, cls=TrainerSync, secret=None):
     """Trainer rank ``ctx.rank``: a ToyTrainer shard and its sender."""
     trainer = ToyTrainer(ToyConfig(), rank=ctx.rank, world=ctx.world_size)
-    return cls(trainer, ctx.spec_path, rank=ctx.rank, **ctx.bridge_kwargs())
+    return cls(trainer, ctx.spec_path, rank=ctx.rank, **_kwargs(ctx, secret))
 
 
-def build_rollout(ctx, cls=EngineSync, engine_cls=ToyEngine):
+def build_rollout(ctx, cls=EngineSync, engine_cls=ToyEngine, secret=None):
     """Rollout rank ``ctx.rank`` (scope "rank"): a ToyEngine TP rank and its receiver."""
     layout = ctx.resolved().rollout.ranks[ctx.rank]
     engine = engine_cls(ToyConfig(), tp_rank=layout.local_rank, tp_size=len(ctx.resolved().rollout.instance_ranks(0)))
-    return cls(engine, ctx.spec_path, rank=ctx.rank, **ctx.bridge_kwargs())
+    return cls(engine, ctx.spec_path, rank=ctx.rank, **_kwargs(ctx, secret))
+
+
+def _kwargs(ctx, secret=None):
+    """The suite's bridge kwargs; ``secret``: the hard-coded-secret breakage (the real integration takes the
+    job secret from the environment, ``WEIGHTBRIDGE_SECRET``, like every weightbridge process)."""
+    kw = ctx.bridge_kwargs()
+    if secret is not None:
+        kw["options"] = dataclasses.replace(kw["options"], secret=secret)
+    return kw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,6 +96,25 @@ class HiddenTornSync(EngineSync):
         return False
 
 
+class GiveUpTrainerSync(TrainerSync):
+    """give-up-after-error: push() remembers the first failure and raises it again at every later push."""
+
+    _failed = None
+
+    def push(self, version: int):
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return super().push(version)
+        except BridgeError as exc:
+            self._failed = exc
+            raise
+
+
+# hard-coded-secret: the job secret written in the code, so every process running it holds it
+TOY_SECRET = "toyrl-shared-secret-0001"
+
+
 def _rollout(**kw):
     def factory(ctx):
         return build_rollout(ctx, **kw)
@@ -103,6 +132,9 @@ build_rollout_lagging_version = _rollout(cls=LaggingVersionSync)
 build_rollout_swallow_errors = _rollout(cls=SwallowingSync)
 build_trainer_retry_on_deadline = _trainer(cls=RetryingTrainerSync)
 build_rollout_torn_hidden = _rollout(cls=HiddenTornSync)
+build_trainer_give_up = _trainer(cls=GiveUpTrainerSync)
+build_trainer_fixed_secret = _trainer(secret=TOY_SECRET)
+build_rollout_fixed_secret = _rollout(secret=TOY_SECRET)
 
 # name -> (trainer factory name, rollout factory name, the requirement that must fail)
 BREAKAGES: dict[str, tuple[str, str, str]] = {
@@ -111,6 +143,9 @@ BREAKAGES: dict[str, tuple[str, str, str]] = {
     "swallow-errors": ("build_trainer", "build_rollout_swallow_errors", "fault.sender-dies.typed-error"),
     "retry-on-deadline": ("build_trainer_retry_on_deadline", "build_rollout", "fault.no-receiver.deadline"),
     "torn-hidden": ("build_trainer", "build_rollout_torn_hidden", "fault.torn-state.safe"),
+    "give-up-after-error": ("build_trainer_give_up", "build_rollout", "async.failed-push.heals"),
+    "hard-coded-secret": ("build_trainer_fixed_secret", "build_rollout_fixed_secret",
+                          "auth.unauthenticated-sender.refused"),
 }
 
 
