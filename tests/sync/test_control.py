@@ -8,7 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 
-from weightbridge.sync.control import ControlPlane, HeartbeatMonitor, check_hellos
+from weightbridge.sync.control import ControlPlane
+from weightbridge.sync.handshake import check_hellos
+from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
 from weightbridge.sync.roster import RankId
 from weightbridge.sync.messages import Hello, Keys

@@ -57,6 +57,8 @@ from weightbridge.errors import (
     DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable,
 )
 from weightbridge.sync.auth import Signer
+from weightbridge.sync.handshake import handshake
+from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.sync.messages import Failure, Hello, Join, Keys, M, decode, encode
 from weightbridge.sync.roster import RankId
 
@@ -85,46 +87,6 @@ def clone_store(store: Any) -> Any:
         return clone()
     except RuntimeError:  # stores that cannot clone are thread-safe in-process maps (HashStore)
         return store
-
-
-class HeartbeatMonitor:
-    """Tracks, on the local monotonic clock, how long each watched rank's heartbeat stood still.
-
-    A rank counts as silent only while it is *watched continuously*: an observation after a
-    gap longer than half of ``dead_after_s`` restarts its clock (the counter may have stopped
-    at any time during the gap; a restarted process starts a new, larger counter).
-    """
-
-    def __init__(self, dead_after_s: float) -> None:
-        self.dead_after_s = dead_after_s
-        self._last: dict[RankId, tuple[int, float, float]] = {}  # counter, unchanged since, observed at
-        self._dead: dict[RankId, int] = {}  # counter value at which a rank was declared dead
-
-    def observe(self, who: RankId, counter: int, now: float) -> None:
-        prev = self._last.get(who)
-        if prev is None or prev[0] != counter or now - prev[2] > self.dead_after_s / 2:
-            self._last[who] = (counter, now, now)
-        else:
-            self._last[who] = (counter, prev[1], now)
-
-    def silent_for(self, who: RankId, now: float) -> float | None:
-        """Seconds ``who``'s counter has stood still while watched; None if it never beat."""
-        prev = self._last.get(who)
-        if prev is None or prev[0] == 0:
-            return None
-        return now - prev[1]
-
-    def dead(self, who: RankId, now: float) -> bool:
-        silent = self.silent_for(who, now)
-        return silent is not None and silent > self.dead_after_s
-
-    def mark_dead(self, who: RankId) -> None:
-        """Remember ``who`` as dead until its counter moves again (a restart)."""
-        if who in self._last:
-            self._dead[who] = self._last[who][0]
-
-    def known_dead(self, who: RankId, counter: int) -> bool:
-        return self._dead.get(who) == counter
 
 
 class ControlPlane:
@@ -450,54 +412,8 @@ class ControlPlane:
         deadline: float,
         joins: Mapping[RankId, Join] | None = None,
     ) -> dict[RankId, Hello]:
-        """Publish ``hello``, wait for every member's, check agreement (contract 3). ``joins``: the
-        members' join records when the epoch began (a member that restarted since ends the wait).
-
-        A value under a member's hello key that is not a readable hello of that member (garbage, or
-        planted before the member wrote its own) is waited past: the member overwrites it, as this
-        rank puts its own hello back while waiting (so a stranger's value costs at most the deadline,
-        never a failed handshake while the real hellos are on their way)."""
-        epoch = hello.epoch
-        mine = self.keys.hello(epoch, self.me.key)
-        self.set(mine, hello)
-        keys = {m: self.keys.hello(epoch, m.key) for m in members}
-        hellos: dict[RankId, Hello] = {}
-        bad: dict[str, str] = {}
-
-        def read(m: RankId) -> Hello | None:
-            try:
-                h = self.get(keys[m], Hello)
-            except (ForgedMessage, ProtocolError) as exc:
-                bad[keys[m]] = str(exc)
-                return None
-            if h is not None and (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
-                bad[keys[m]] = f"a hello of {h.side} {h.rank} in epoch {h.epoch}"
-                return None
-            bad.pop(keys[m], None)
-            return h
-
-        def ready(_: list[bytes]) -> bool:
-            if read(self.me) != hello:
-                self.set(mine, hello)  # overwritten by someone else: put it back
-            for m in members:
-                if m not in hellos:
-                    h = read(m)
-                    if h is not None:
-                        hellos[m] = h
-            return len(hellos) == len(members)
-
-        what = f"hello of every member of epoch {epoch}"
-        try:
-            self.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=joins)
-        except DeadlineExceeded:
-            missing = [keys[m] for m in members if m not in hellos]
-            unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]
-            detail = f" (missing {', '.join(missing[:3])}" + (f"; unreadable: {', '.join(unreadable[:2])}" if unreadable
-                                                              else "") + ")"
-            raise DeadlineExceeded(self.me, what + detail, self.timeout_s) from None
-        hellos = {m: hellos[m] for m in members}
-        check_hellos(self.me, hellos, expected_dtypes)
-        return hellos
+        """Contract 3: :func:`weightbridge.sync.handshake.handshake` on this control plane."""
+        return handshake(self, hello, members, expected_dtypes, deadline, joins)
 
     # -- heartbeat thread -----------------------------------------------------------------
     def start_heartbeat(self) -> None:
@@ -527,24 +443,3 @@ class ControlPlane:
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=2 * self.heartbeat_s + 1)
             self._hb_thread = None
-
-
-def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Mapping[RankId, str]) -> None:
-    """Raise :class:`HandshakeMismatch` for the first disagreement, in a fixed order on every rank.
-
-    Order: spec hash, plan hash, wire options (compared with ``me``'s hello), then each
-    member's dtypes compared with what the spec says that rank holds.
-    """
-    mine = hellos[me]
-    order = sorted(hellos, key=lambda r: (r.side != "trainer", r.rank))
-    for field in ("spec_hash", "plan_hash", "wire", "epoch"):
-        for peer in order:
-            theirs = getattr(hellos[peer], field)
-            if theirs != getattr(mine, field):
-                raise HandshakeMismatch(me, field, str(getattr(mine, field)), peer, str(theirs))
-    for peer in order:
-        got = hellos[peer]
-        want = expected_dtypes.get(peer)
-        if want is not None and got.dtypes != want:
-            diffs = "; ".join(got.dtype_diffs) or f"digest {got.dtypes}"
-            raise HandshakeMismatch(me, "dtypes", f"the spec's dtypes for {peer} (digest {want})", peer, diffs)

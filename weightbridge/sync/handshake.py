@@ -1,0 +1,99 @@
+"""The handshake before the first byte (contract 3 of :mod:`weightbridge.sync.control`).
+
+Every member of an epoch (trainer and rollout ranks) calls :func:`handshake` on its own control
+plane before the epoch's bridge group is created: a disagreement on spec hash, plan hash, wire
+options or dtypes raises :class:`~weightbridge.errors.HandshakeMismatch` on every member, naming
+both ranks (spec numbering) and values, before any byte moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from weightbridge.errors import DeadlineExceeded, ForgedMessage, HandshakeMismatch, ProtocolError
+from weightbridge.sync.messages import Hello, Join
+from weightbridge.sync.roster import RankId
+
+if TYPE_CHECKING:
+    from weightbridge.sync.control import ControlPlane
+
+
+def handshake(
+    cp: ControlPlane,
+    hello: Hello,
+    members: Sequence[RankId],
+    expected_dtypes: Mapping[RankId, str],
+    deadline: float,
+    joins: Mapping[RankId, Join] | None = None,
+) -> dict[RankId, Hello]:
+    """Every member of an epoch, before the epoch's group exists: publish ``hello`` on ``cp``, wait
+    for every member's, check agreement (contract 3). ``joins``: the members' join records when the
+    epoch began (a member that restarted since ends the wait).
+
+    A value under a member's hello key that is not a readable hello of that member (garbage, or
+    planted before the member wrote its own) is waited past: the member overwrites it, as this
+    rank puts its own hello back while waiting (so a stranger's value costs at most the deadline,
+    never a failed handshake while the real hellos are on their way)."""
+    epoch = hello.epoch
+    mine = cp.keys.hello(epoch, cp.me.key)
+    cp.set(mine, hello)
+    keys = {m: cp.keys.hello(epoch, m.key) for m in members}
+    hellos: dict[RankId, Hello] = {}
+    bad: dict[str, str] = {}
+
+    def read(m: RankId) -> Hello | None:
+        try:
+            h = cp.get(keys[m], Hello)
+        except (ForgedMessage, ProtocolError) as exc:
+            bad[keys[m]] = str(exc)
+            return None
+        if h is not None and (h.side, h.rank, h.epoch) != (m.side, m.rank, epoch):
+            bad[keys[m]] = f"a hello of {h.side} {h.rank} in epoch {h.epoch}"
+            return None
+        bad.pop(keys[m], None)
+        return h
+
+    def ready(_: list[bytes]) -> bool:
+        if read(cp.me) != hello:
+            cp.set(mine, hello)  # overwritten by someone else: put it back
+        for m in members:
+            if m not in hellos:
+                h = read(m)
+                if h is not None:
+                    hellos[m] = h
+        return len(hellos) == len(members)
+
+    what = f"hello of every member of epoch {epoch}"
+    try:
+        cp.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=joins)
+    except DeadlineExceeded:
+        missing = [keys[m] for m in members if m not in hellos]
+        unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]
+        detail = f" (missing {', '.join(missing[:3])}" + (f"; unreadable: {', '.join(unreadable[:2])}" if unreadable
+                                                          else "") + ")"
+        raise DeadlineExceeded(cp.me, what + detail, cp.timeout_s) from None
+    hellos = {m: hellos[m] for m in members}
+    check_hellos(cp.me, hellos, expected_dtypes)
+    return hellos
+
+
+def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Mapping[RankId, str]) -> None:
+    """Raise :class:`HandshakeMismatch` for the first disagreement, in a fixed order on every rank.
+
+    Order: spec hash, plan hash, wire options (compared with ``me``'s hello), then each
+    member's dtypes compared with what the spec says that rank holds.
+    """
+    mine = hellos[me]
+    order = sorted(hellos, key=lambda r: (r.side != "trainer", r.rank))
+    for field in ("spec_hash", "plan_hash", "wire", "epoch"):
+        for peer in order:
+            theirs = getattr(hellos[peer], field)
+            if theirs != getattr(mine, field):
+                raise HandshakeMismatch(me, field, str(getattr(mine, field)), peer, str(theirs))
+    for peer in order:
+        got = hellos[peer]
+        want = expected_dtypes.get(peer)
+        if want is not None and got.dtypes != want:
+            diffs = "; ".join(got.dtype_diffs) or f"digest {got.dtypes}"
+            raise HandshakeMismatch(me, "dtypes", f"the spec's dtypes for {peer} (digest {want})", peer, diffs)
