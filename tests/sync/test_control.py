@@ -185,3 +185,25 @@ def test_a_store_that_went_away_is_reported_as_the_store_host_failing():
     c = ControlPlane(Gone(), me=R0, keys=Keys("t"), timeout_s=1)
     with pytest.raises(PeerFailed, match="peer trainer 0 failed: control store unreachable"):
         c.wait_for(["k"], c.deadline(), "x")
+
+
+def test_a_member_restarting_before_it_greets_is_replaced_by_its_successor_in_the_handshake():
+    """The whole trainer side restarts after a failure: trainer 0 opens the epoch while trainer 1's
+    join record is still its dead predecessor's. Trainer 1's successor joins (a later process) and
+    greets: the handshake completes with it (it used to end trainer 0's wait with "restarted")."""
+    from weightbridge.sync.board import Board
+
+    store = dist.HashStore()
+    Board(cp(store, T1)).join(0, "dead", started=1000)  # the killed incarnation's record
+    t0 = cp(store, T0, timeout_s=3.0)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(t0.handshake, hello(T0), [T0, T1], {}, t0.deadline())
+        time.sleep(0.3)  # trainer 0 waits past a heartbeat check with the stale record in place
+        successor = cp(store, T1, timeout_s=3.0)
+        Board(successor).join(0, "successor", started=2000)
+        time.sleep(0.1)
+        successor.handshake(hello(T1).model_copy(update={"nonce": "successor", "started": 2000}), [T0, T1], {},
+                            successor.deadline())
+        hellos = fut.result(timeout=5)
+    assert hellos[T1].nonce == "successor"
+

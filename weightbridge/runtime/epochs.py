@@ -163,11 +163,12 @@ class Endpoint:
         self.data_plane.close(abort=self.broken)
         self.plan = None
         # Waits in this epoch end when a member restarts (its successor beats under the same key):
-        # compared with the members' join records now, then with the hellos (nonce, start) they sent.
+        # compared with the hellos (nonce, start) the members sent (a member that restarts before
+        # greeting is replaced by its successor's hello).
         self.hellos = board.handshake(
             roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
-            deadline=deadline, joins=board.join_records(roster.members), started=self.started_ms,
+            deadline=deadline, started=self.started_ms,
         )
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),

@@ -114,15 +114,14 @@ class Board:
 
     def handshake(
         self, roster: Roster, *, spec_hash: str, plan_hash: str, dtypes: str, dtype_diffs: tuple[str, ...],
-        wire: str, nonce: str, expected_dtypes: Mapping[RankId, str], deadline: float,
-        joins: Mapping[RankId, Join] | None = None, started: int = 0,
+        wire: str, nonce: str, expected_dtypes: Mapping[RankId, str], deadline: float, started: int = 0,
     ) -> dict[RankId, Hello]:
-        """Publish this rank's hello for ``roster``'s epoch and check every member's (contract 3);
-        ``joins``: the members' join records (a member that joins again meanwhile ends the wait)."""
+        """Publish this rank's hello for ``roster``'s epoch and check every member's (contract 3;
+        a member that greeted and then joined again as a later process ends the wait)."""
         hello = Hello(side=self.me.side, rank=self.me.rank, epoch=roster.epoch, spec_hash=spec_hash,
                       plan_hash=plan_hash, dtypes=dtypes, dtype_diffs=dtype_diffs, wire=wire, nonce=nonce,
                       started=started)
-        return self.cp.handshake(hello, roster.members, expected_dtypes, deadline, joins)
+        return self.cp.handshake(hello, roster.members, expected_dtypes, deadline)
 
     def failure_count(self, epoch: int) -> int:
         """Failures of ``epoch`` seen so far by this board (the ``since`` of later waits on it)."""

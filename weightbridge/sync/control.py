@@ -410,10 +410,9 @@ class ControlPlane:
         members: Sequence[RankId],
         expected_dtypes: Mapping[RankId, str],
         deadline: float,
-        joins: Mapping[RankId, Join] | None = None,
     ) -> dict[RankId, Hello]:
         """Contract 3: :func:`weightbridge.sync.handshake.handshake` on this control plane."""
-        return handshake(self, hello, members, expected_dtypes, deadline, joins)
+        return handshake(self, hello, members, expected_dtypes, deadline)
 
     # -- heartbeat thread -----------------------------------------------------------------
     def start_heartbeat(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from weightbridge.errors import DeadlineExceeded, ForgedMessage, HandshakeMismatch, ProtocolError
-from weightbridge.sync.messages import Hello, Join
+from weightbridge.sync.messages import Hello
 from weightbridge.sync.roster import RankId
 
 if TYPE_CHECKING:
@@ -25,11 +25,14 @@ def handshake(
     members: Sequence[RankId],
     expected_dtypes: Mapping[RankId, str],
     deadline: float,
-    joins: Mapping[RankId, Join] | None = None,
 ) -> dict[RankId, Hello]:
     """Every member of an epoch, before the epoch's group exists: publish ``hello`` on ``cp``, wait
-    for every member's, check agreement (contract 3). ``joins``: the members' join records when the
-    epoch began (a member that restarted since ends the wait).
+    for every member's, check agreement (contract 3).
+
+    A member that greeted and then joined again as a later process ends the wait (the process that
+    greeted is gone). One that joins again *before* greeting does not: its successor greets in its
+    place (a whole trainer side restarting after a failure: trainer 0 may open the epoch while another
+    trainer's join record is still its dead predecessor's).
 
     A value under a member's hello key that is not a readable hello of that member (garbage, or
     planted before the member wrote its own) is waited past: the member overwrites it, as this
@@ -40,6 +43,7 @@ def handshake(
     cp.set(mine, hello)
     keys = {m: cp.keys.hello(epoch, m.key) for m in members}
     hellos: dict[RankId, Hello] = {}
+    greeted: dict[RankId, Hello] = {}  # what check_restarts compares with: only members that greeted
     bad: dict[str, str] = {}
 
     def read(m: RankId) -> Hello | None:
@@ -61,12 +65,12 @@ def handshake(
             if m not in hellos:
                 h = read(m)
                 if h is not None:
-                    hellos[m] = h
+                    hellos[m] = greeted[m] = h
         return len(hellos) == len(members)
 
     what = f"hello of every member of epoch {epoch}"
     try:
-        cp.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=joins)
+        cp.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=greeted)
     except DeadlineExceeded:
         missing = [keys[m] for m in members if m not in hellos]
         unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]

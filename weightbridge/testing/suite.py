@@ -306,6 +306,11 @@ class ConformanceSuite:
                     v.expect(not bad, f"{proc.label} version 3: {bad}")
                 final = proc.of("final")[-1]
                 v.expect(not final["torn"] and final["version"] == 3, f"{proc.label}: ended {final}")
+            if v.problems:  # what the ranks raised around push(3): the reason it never landed
+                for proc in run.role("trainer") + run.role("rollout"):
+                    for e in proc.of("error"):
+                        what = f"push({e['version']})" if proc.role == "trainer" else "poll/apply"
+                        v.add(f"{proc.label}: {what} raised {e['type']}: {e['message'][:400]}")
         v.done()
 
     @requirement("fault.receiver-dies.typed-error")
