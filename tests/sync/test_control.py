@@ -96,7 +96,7 @@ def test_a_member_that_joined_again_ends_a_wait_but_a_replayed_older_join_does_n
     store = dist.HashStore()
     Board(cp(store, R0)).join(0, "first", started=1000)
     waiter = cp(store, T0, timeout_s=0.3)
-    joins = Board(waiter).join_records([R0])
+    joins = {R0: Board(waiter).join_of(R0)}
     Board(cp(store, R0)).join(0, "second", started=2000)
     with pytest.raises(PeerFailed, match="rollout 0 failed: restarted"):
         waiter.wait_for(["t/never"], waiter.deadline(), "acks", joins=joins)
@@ -206,4 +206,3 @@ def test_a_member_restarting_before_it_greets_is_replaced_by_its_successor_in_th
                             successor.deadline())
         hellos = fut.result(timeout=5)
     assert hellos[T1].nonce == "successor"
-

@@ -54,18 +54,6 @@ class Board:
             raise ProtocolError(self.me, f"the join under {key!r} is {join.side} {join.rank}'s")
         return join
 
-    def join_records(self, ranks: Sequence[RankId]) -> dict[RankId, Join]:
-        """The join record of each of ``ranks`` that has a present, readable one (now)."""
-        out = {}
-        for who in ranks:
-            try:
-                join = self.join_of(who)
-            except (ProtocolError, ForgedMessage):
-                continue
-            if join is not None:
-                out[who] = join
-        return out
-
     def joined(self, ranks: Sequence[RankId]) -> bool:
         return self.cp.exists(self.join_keys(ranks))
 

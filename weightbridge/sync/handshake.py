@@ -43,7 +43,6 @@ def handshake(
     cp.set(mine, hello)
     keys = {m: cp.keys.hello(epoch, m.key) for m in members}
     hellos: dict[RankId, Hello] = {}
-    greeted: dict[RankId, Hello] = {}  # what check_restarts compares with: only members that greeted
     bad: dict[str, str] = {}
 
     def read(m: RankId) -> Hello | None:
@@ -65,12 +64,12 @@ def handshake(
             if m not in hellos:
                 h = read(m)
                 if h is not None:
-                    hellos[m] = greeted[m] = h
+                    hellos[m] = h
         return len(hellos) == len(members)
 
     what = f"hello of every member of epoch {epoch}"
     try:
-        cp.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=greeted)
+        cp.wait_for([], deadline, what, ready=ready, epoch=epoch, watch=members, joins=hellos)  # restarts: greeted members only
     except DeadlineExceeded:
         missing = [keys[m] for m in members if m not in hellos]
         unreadable = [f"{k} ({bad[k][:120]})" for k in missing if k in bad]
