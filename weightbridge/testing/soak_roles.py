@@ -290,8 +290,10 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
                     kill_self(store, cfg, "apply")
                 time.sleep(opts.get("apply_delay", {}).get(sv, 0.0))
                 before = bridge.version
+                began = time.time()  # the real ack is written inside apply(): a push may return before it ends
                 v = bridge.apply()
-                events.append({"kind": "applied", "v": v, "before": before, "bad": check(v), "t": time.time()})
+                events.append({"kind": "applied", "v": v, "before": before, "bad": check(v), "t": time.time(),
+                               "began": began})
                 if v == 1 or (before is None and v is not None and v > 1 and kill and kill["phase"] == "idle"):
                     store.set(f"{cfg['ctl']}/idle/{who}", "1")
                 if v == opts["last"]:
