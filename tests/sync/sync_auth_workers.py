@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
+from weightbridge.bridge import RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError
 from weightbridge.sync.auth import ENV, Signer, data_token
 from weightbridge.tensors import materialize, torch_dtype

@@ -291,13 +291,24 @@ def _save_checkpoint_names(plain: torch.nn.Module, full: dict[str, torch.Tensor]
 # ---------------------------------------------------------------------------------------------
 
 
-def make_llm(model_dir: str | Path, tp: int, **kw: Any) -> Any:
+def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: Any) -> Any:
     """A vLLM engine on the CPU settings that work here, with weightbridge's backend (its workers inherit
-    the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset)."""
+    the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset).
+
+    ``in_process``: vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    and, at TP 1, its one worker too (the ``uni`` executor); TP > 1 keeps vLLM's worker processes.
+    Each process vLLM does not start saves a spawn and a vLLM import (~15-20 s on a small CPU
+    machine); the weight-transfer protocol and ``collective_rpc`` are the same. (vLLM's own
+    multiprocess engine core is exercised by ``vllm serve`` and ``AsyncLLM``.)
+    """
     from weightbridge.sync.auth import ensure_env_secret
 
     ensure_env_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if tp == 1:
+            kw.setdefault("distributed_executor_backend", "uni")
     if tp == 2:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     from vllm import LLM
@@ -359,7 +370,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
                threads=1)), daemon=True)
     trainers.start()  # they start (Gloo, FSDP2, first step) while the engine starts; push(1) waits for it
     t0 = time.perf_counter()
-    llm = make_llm(model_dir, tp)
+    llm = make_llm(model_dir, tp, in_process=True)
     report: dict[str, Any] = {"kind": kind, "tp": tp, "engine_start_s": time.perf_counter() - t0,
                               "initial": generate(llm), "updates": [], "trainer": None}
     log(f"[selfcheck] {kind} TP{tp}: engine up in {report['engine_start_s']:.1f}s; initial {report['initial']}")
