@@ -20,8 +20,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # torchvision: SGLang imports torchvision.transforms at module level; PyPI's wheel is a CUDA build,
 # so --no-deps (a plain install replaces torch) plus the schema shim below.
 "${PIP[@]}" --no-deps torchvision==0.28.0
-# (an editable install writes this checkout's metadata: one at a time when .ci/run installs in parallel)
-flock "${WB_CI_LOCK:-/tmp/wb-ci-editable.lock}" "${PIP[@]}" --no-deps -e "$REPO"
+"${PIP[@]}" --no-deps -e "$REPO"
 # sgl_kernel (SGLang's kernel package) has no CPU build on PyPI: a raising shim, test machines only.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$SITE/sgl_kernel"
