@@ -22,8 +22,8 @@ Judged per step: **untyped** errors on the real ranks in the step's window (type
 after the attack succeeded); **healed** (the push after that succeeded on every trainer and every
 rollout applied it, or a later one, bitwise); **stranger applied** (a rollout applied a version the
 real trainers never pushed); **early** (forge, sync mode: a push returned before every rollout
-began applying it, i.e. on forged acks); **hang** (the launch deadline hit). Steps after one that did not heal are marked
-``after_break`` and run again in a fresh job (:func:`run_hostile`).
+began applying it, i.e. on forged acks); **hang** (the launch deadline hit). Steps after one that
+did not heal are marked ``after_break`` and run again in a fresh job (:func:`run_hostile`).
 """
 
 from __future__ import annotations
@@ -132,13 +132,13 @@ def judge_job(steps: list[dict], mode: str, res: list) -> list[dict]:
                 # Compared with when each rollout *began* apply(): its genuine ack is written inside apply(),
                 # so a push may return before apply() returns; only forged acks let it return before the
                 # last rollout even began (each waits APPLY_DELAY_S before apply()).
-                began = [max((e.get("began", e["t"]) for e in ap if e["v"] == a), default=float("inf"))
-                         for ap in applied.values()]
+                last_began = max(max((e.get("began", e["t"]) for e in ap if e["v"] == a), default=float("inf"))
+                                 for ap in applied.values())
                 for n, p in pushes.items():
                     e = p.get(a)
-                    if e and e["kind"] == "pushed" and e["t"] < max(began):
-                        late = "a rollout never applied it" if max(began) == float("inf") else \
-                            f"{max(began) - e['t']:.2f}s before every rollout began applying it"
+                    if e and e["kind"] == "pushed" and e["t"] < last_began:
+                        late = "a rollout never applied it" if last_began == float("inf") else \
+                            f"{last_began - e['t']:.2f}s before every rollout began applying it"
                         row["early"].append(f"{n}: push({a}) returned, {late}")
         if crashed and st is steps[-1]:
             row["untyped"] += crashed

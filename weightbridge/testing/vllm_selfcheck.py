@@ -3,13 +3,15 @@
 Processes:
 
 * the driver (the caller's process, ``if __name__ == "__main__":`` guarded: vLLM spawns) hosts
-  the control store, starts the trainer ranks, owns the ``vllm.LLM`` and drives updates;
+  the control store, starts the trainer ranks, owns the ``vllm.LLM`` (its engine core in this
+  process: :func:`make_llm` ``in_process``) and drives updates;
 * 2 trainer ranks (:func:`trainer_main`: :class:`~weightbridge.testing.fsdp2.FSDP2World`, Gloo,
   ``fully_shard`` over dp=2, float32 master weights, real AdamW steps on a fixed token pattern)
   push every version; rank 0 also
   saves the full model (``save_pretrained``: HF checkpoint names) and the HF model's greedy
   continuations of :data:`PROMPTS` for each version, for verification only;
-* vLLM's workers receive (weightbridge's engine backend).
+* vLLM's workers receive (weightbridge's engine backend): at TP 1 the one worker runs in the
+  driver, at TP 2 vLLM spawns two worker processes.
 
 With ``trainer_kind="megatron"`` the 2 trainer ranks are Megatron-Core instead
 (:class:`~weightbridge.testing.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
