@@ -43,7 +43,8 @@ def canonical(resolved, version: int) -> dict[str, torch.Tensor]:
 
 def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
     """Push ``opts['versions']``; ``opts['kill']`` = (version, round): SIGKILL self there;
-    ``opts['after_kill']``: start once the kill happened (a restarted rank)."""
+    ``opts['after_kill']``: start once the kill happened (a restarted rank); ``opts['wait_for']``:
+    ``{version: key}``, wait for that store key before pushing that version."""
     r = load_spec(spec)
     store = W._store(port, r.sync.timeout_s)
     if opts.get("after_kill"):
@@ -69,6 +70,9 @@ def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             for name, t in tensors.items():
                 t.copy_(fresh[name])
         current["v"] = v
+        if v in opts.get("wait_for", {}):
+            while not store.check([opts["wait_for"][v]]):
+                time.sleep(0.01)
         try:
             s = bridge.push(v)
             events.append(("pushed", v, s.epoch, s.new_epoch, s.bytes_sent, s.wire_sent, s.delta_buckets))
@@ -115,6 +119,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
                     bridge.close()
                     bridge, tensors = join()
                     events.append(("rejoined", v))
+                    store.set(f"test/rejoined/{rank}", "1")
         except TornModelError as exc:
             events.append(("torn-apply", type(exc).__name__, str(exc)))
         except W.TYPED as exc:

@@ -288,7 +288,10 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
                 store.set(f"{cfg['ctl']}/staged/{rank}/{sv}", repr(time.time()))
                 if kill and kill["phase"] == "apply" and sv == kill["version"]:
                     kill_self(store, cfg, "apply")
-                time.sleep(opts.get("apply_delay", {}).get(sv, 0.0))
+                if sv in opts.get("apply_delay", {}):  # hostile forge step: forged acks meanwhile
+                    time.sleep(opts["apply_delay"][sv])
+                    store.set(f"{cfg['ctl']}/applying/{rank}/{sv}", repr(time.time()))
+                    wait_key(store, f"{cfg['ctl']}/h/quiet/{sv}", cfg["wait_kill_s"])
                 before = bridge.version
                 began = time.time()  # the real ack is written inside apply(): a push may return before it ends
                 v = bridge.apply()
@@ -352,7 +355,10 @@ def stranger(cfg: dict, steps: list[dict]) -> list[dict]:
                     store.set(key, value)
             elif st["action"] == "forge":
                 store.set(f"{cfg['ctl']}/h/done/{st['step']}", "1")
-                ev["forged"] = _forge_acks(cfg, store, st["versions"][0])
+                try:
+                    ev["forged"] = _forge_acks(cfg, store, st["versions"][0])
+                finally:
+                    store.set(f"{cfg['ctl']}/h/quiet/{st['versions'][0]}", "1")
         except BaseException as exc:  # noqa: BLE001 - the stranger's own trouble is only noted
             ev.update(error_event(exc, kind="step"))
         events.append(ev)
@@ -361,15 +367,23 @@ def stranger(cfg: dict, steps: list[dict]) -> list[dict]:
 
 
 def _forge_acks(cfg: dict, store, version: int) -> int:
-    """Write forged staged/applied acks for ``version`` (the seq read off the announcement if it parses)."""
+    """Write forged staged/applied acks for ``version`` (the seq read off the announcement if it parses)
+    from ``pushing/{version}`` until a rollout is about to apply it (``applying/{rank}/{version}``;
+    it waits for the caller's ``h/quiet/{version}`` before it does).
+
+    A push that believed forged acks returns in that window: before any rollout began applying.
+    Forging on would overwrite the genuine acks under the same keys and fail the push: a stranger
+    with store access can always deny service; what this step tests is that it cannot make a push
+    return early. (Until 2026-12-02 it forged for a fixed time, which raced with the genuine acks.)"""
     import re
 
     from weightbridge.sync.messages import Ack, Keys, encode
 
     keys = Keys(cfg["prefix"])
     wait_key(store, f"{cfg['ctl']}/pushing/{version}", cfg["wait_kill_s"])
-    n, end = 0, time.monotonic() + cfg["timeout_s"] * 0.75
-    while time.monotonic() < end:
+    applying = [f"{cfg['ctl']}/applying/{r}/{version}" for r in range(cfg["num_rollout"])]
+    n, end = 0, time.monotonic() + cfg["wait_kill_s"]
+    while time.monotonic() < end and not any(store.check([k]) for k in applying):
         seq, epoch = 1, 1
         try:
             raw = store.get(keys.announce).decode(errors="replace")
