@@ -11,6 +11,7 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -43,6 +44,33 @@ class RankResult:
 
 
 _PRELOAD = ["torch", "torch.distributed", "weightbridge.tensors", "weightbridge.transport.executor", "weightbridge.spec.resolve", "weightbridge.plan"]
+_served: frozenset[str] | None = None  # what the fork server this module started imports (None: none started)
+_in_flight = 0  # launches running now (a fork server is restarted only when none is)
+_lock = threading.Lock()  # launches may come from several threads (the vLLM selfcheck's trainers)
+
+
+def _forkserver(preload: Sequence[str]) -> Any:
+    """The forkserver context, its server importing ``_PRELOAD``, ``preload`` and what it imported before.
+
+    Python starts one fork server per process and fixes its preload list at the first start, so a
+    later launch's ``preload`` would be ignored: a session that first ran a plain test then imported
+    vLLM or Megatron-Core in every rank of every later launch (~5-15 s each). A server this module
+    started is restarted with the union when a launch asks for more and no launch is in flight (its
+    children are independent processes; one started elsewhere is left alone)."""
+    global _served
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    want = frozenset([*_PRELOAD, *preload, *(_served or ())])
+    server = getattr(forkserver, "_forkserver", None)
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if running and (_served is None or want <= _served or _in_flight or not hasattr(server, "_stop")):
+        return ctx
+    if running:
+        server._stop()
+    ctx.set_forkserver_preload(sorted(want))
+    _served = want
+    return ctx
 
 
 def _child(fn: Callable, args: tuple, conn: Any, threads: int, secret: str = "") -> None:
@@ -95,10 +123,20 @@ def launch(
     """
     from weightbridge.sync.auth import ensure_env_secret
 
+    global _in_flight
     secret = ensure_env_secret()
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload([*_PRELOAD, *preload])
+    with _lock:
+        ctx = _forkserver(preload) if start_method == "forkserver" else mp.get_context(start_method)
+        _in_flight += 1
+    try:
+        return _run(ctx, fn, args_per_process, timeout_s, threads, secret)
+    finally:
+        with _lock:
+            _in_flight -= 1
+
+
+def _run(ctx: Any, fn: Callable, args_per_process: Sequence[tuple], timeout_s: float, threads: int,
+         secret: str) -> list[RankResult]:
     procs, conns = [], []
     for args in args_per_process:
         r, w = ctx.Pipe(duplex=False)

@@ -22,4 +22,5 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 class TestVLLMConformance(ConformanceSuite):
     timeout_s = 8.0
     startup_s = 150.0  # a vLLM engine start (with the loader probe) on a small, shared CPU machine
-    preload = ("transformers.models.qwen2.modeling_qwen2", "torch.distributed.fsdp")
+    # vLLM imported once in the fork server, not in each rollout rank of each scenario (~10 s each)
+    preload = ("transformers.models.qwen2.modeling_qwen2", "torch.distributed.fsdp", "vllm", "vllm.entrypoints.llm")
