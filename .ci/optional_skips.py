@@ -5,6 +5,7 @@ or module that skipped with weightbridge's install hint (``pip install 'weightbr
 see ``weightbridge/testing/optional.py``) to ``$WB_CI_SKIPS``. Phase 2 installs the extras and runs
 exactly those ids with ``WEIGHTBRIDGE_REQUIRE_*=1``: every test runs once, and none that needs an
 extra can skip in both phases. Loaded with ``-p optional_skips`` and ``.ci`` on ``PYTHONPATH``.
+The file is appended to (also by pytest-xdist workers): empty it first, ``sort -u`` it after.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def pytest_runtest_logreport(report) -> None:  # noqa: ANN001 - a skip inside a 
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001, ARG001
+    # Appended, by every process: under pytest-xdist each worker records what it collected and
+    # ran (the controller gets one report per distinct skip reason at collection, so modules that
+    # skip for the same reason would be lost). The caller empties the file first and dedups it.
     path = os.environ.get("WB_CI_SKIPS")
     if path:
-        with open(path, "w", encoding="utf-8") as f:
+        with open(path, "a", encoding="utf-8") as f:
             f.write("".join(i + "\n" for i in _ids))

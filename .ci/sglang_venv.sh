@@ -8,15 +8,18 @@
 set -euo pipefail
 VENV="${1:?usage: .ci/sglang_venv.sh VENV_DIR}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-python -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --quiet)
+# shellcheck source=.ci/uv_env.sh
+source "$REPO/.ci/uv_env.sh"
+new_venv "$VENV"
+PIP=(uvpip "$VENV/bin/python")
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" --no-deps sglang==0.5.23 triton==3.6.0 xgrammar==0.2.7
 "${PIP[@]}" transformers==5.19.0 openai==2.8.0 \
     orjson msgspec psutil pyzmq ipython apache-tvm-ffi dill sentencepiece compressed-tensors gguf \
     fastapi uvicorn aiohttp requests numpy pybase64 pillow uvloop partial_json_parser setproctitle \
-    einops soundfile python-multipart \
-    pydantic jsonschema pyyaml rich safetensors pytest hypothesis
+    einops soundfile==0.13.1 python-multipart \
+    pydantic jsonschema pyyaml rich safetensors pytest hypothesis pytest-xdist==3.8.0
+# soundfile 0.13.1: the 0.14.0 wheel on this machine's local index has no bundled libsndfile.
 # torchvision: SGLang imports torchvision.transforms at module level; PyPI's wheel is a CUDA build,
 # so --no-deps (a plain install replaces torch) plus the schema shim below.
 "${PIP[@]}" --no-deps torchvision==0.28.0

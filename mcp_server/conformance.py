@@ -156,7 +156,11 @@ def register(server: MCPServer, config: ServerConfig) -> None:
                 argv += ["-k", keyword]
             if markers is not None:
                 argv += ["-m", markers]
-            env = dict(os.environ, WEIGHTBRIDGE_MCP_PROGRESS=str(progress), PYTHONDONTWRITEBYTECODE="1")
+            # A session of its own: not an xdist worker's (or a running test's) when the server itself
+            # runs under pytest (plugins such as pytest-benchmark then warn or change behaviour).
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("PYTEST_XDIST_") and k not in ("PYTEST_CURRENT_TEST", "PYTEST_VERSION")}
+            env.update(WEIGHTBRIDGE_MCP_PROGRESS=str(progress), PYTHONDONTWRITEBYTECODE="1")
             reported: list[tuple[int | None, int]] = [(None, 0)]
 
             async def tick(elapsed: float) -> None:

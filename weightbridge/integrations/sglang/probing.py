@@ -87,19 +87,16 @@ def probe_sglang_worker(model: torch.nn.Module, canonical: Any, layout: RankLayo
     """Probe a fresh copy of the worker's model class; returns a :class:`ProbeResult`."""
     from weightbridge.probe import probe_loader
 
-    copy = fresh_model(model)
+    probe_model = fresh_model(model)  # dropped on return: nothing below keeps a reference
 
     def load_weights(weights: Any) -> Any:
         with torch.no_grad():
-            return copy.load_weights(weights)
+            return probe_model.load_weights(weights)
 
-    try:
-        return probe_loader(
-            canonical, load_weights, lambda: dict(copy.named_parameters()), side="rollout", rank=layout.rank,
-            instance=layout.instance, local_rank=layout.local_rank, coords=dict(layout.coords),
-        )
-    finally:
-        del copy
+    return probe_loader(
+        canonical, load_weights, lambda: dict(probe_model.named_parameters()), side="rollout", rank=layout.rank,
+        instance=layout.instance, local_rank=layout.local_rank, coords=dict(layout.coords),
+    )
 
 
 def check_against_engine(receiver: Any, resolved: Any, layout: RankLayout, *,

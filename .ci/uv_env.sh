@@ -1,0 +1,19 @@
+# Sourced by .ci/run and .ci/sglang_venv.sh: install with uv from the sources pip is configured with.
+#   new_venv DIR              a fresh venv with pip in it (tests build wheels with `python -m pip wheel`)
+#   uvpip PYTHON ARGS...      `pip install ARGS` into PYTHON's environment
+#   check_cpu_torch PYTHON    fail unless PYTHON's torch is the CPU build
+# Sources: this machine's pip reads find-links (the CPU torch wheel on disk), extra local indexes and a
+# constraints file from its config; uv reads none of that, so they are handed over here, and uv picks the
+# best match across all of them as pip does (uv's default takes the first index that has a name).
+python -m pip install --quiet uv==0.13.8
+_pipcfg() { python -m pip config get "$1" 2>/dev/null || true; }
+_v="${PIP_FIND_LINKS:-$(_pipcfg global.find-links)}"; [ -n "$_v" ] && export UV_FIND_LINKS="${_v// /,}"
+_v="${PIP_EXTRA_INDEX_URL:-$(_pipcfg global.extra-index-url)}"; [ -n "$_v" ] && export UV_EXTRA_INDEX_URL="$_v"
+_v="${PIP_CONSTRAINT:-$(_pipcfg global.constraint)}"; [ -n "$_v" ] && export UV_CONSTRAINT="$_v"
+unset _v
+export UV_INDEX_STRATEGY=unsafe-best-match UV_LINK_MODE=copy UV_HTTP_TIMEOUT=180
+new_venv() { uv venv --quiet --seed --python "$(command -v python)" "$1"; }
+uvpip() { local py="$1"; shift; uv pip install --quiet --python "$py" "$@"; }
+check_cpu_torch() {
+    "$1" -c 'import torch, sys; v = torch.__version__; sys.exit(0 if v.endswith("+cpu") else f"not the CPU torch: {v}")'
+}
