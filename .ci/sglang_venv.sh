@@ -18,7 +18,7 @@ PIP=(uvpip "$VENV/bin/python")
     orjson msgspec psutil pyzmq ipython apache-tvm-ffi dill sentencepiece compressed-tensors gguf \
     fastapi uvicorn aiohttp requests numpy pybase64 pillow uvloop partial_json_parser setproctitle \
     einops soundfile==0.13.1 python-multipart \
-    pydantic jsonschema pyyaml rich safetensors pytest hypothesis pytest-xdist==3.8.0
+    pydantic jsonschema pyyaml rich safetensors xxhash pytest hypothesis pytest-xdist==3.8.0
 # soundfile 0.13.1: the 0.14.0 wheel on this machine's local index has no bundled libsndfile.
 # torchvision: SGLang imports torchvision.transforms at module level; PyPI's wheel is a CUDA build,
 # so --no-deps (a plain install replaces torch) plus the schema shim below.

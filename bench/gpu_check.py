@@ -14,8 +14,11 @@ Checks (each in fresh processes, each with a hard wall-clock bound):
    single-GPU machine this check is reported as SKIPPED (``--try-shared-gpu`` attempts it anyway
    and reports what NCCL says).
 
-Every rollout tensor is compared bitwise with what its IR says it must hold. Prints one line
-per check: status, bytes, seconds, GB/s. Without CUDA it prints a SKIP line and exits 0.
+Every rollout tensor is compared bitwise with what its IR says it must hold. Each check runs the
+data plane twice, alternating: as it ships (large items as messages of their own, zero-copy where
+their boxes are contiguous) and all packed (``direct_bytes`` off), and prints the ratio, so one
+run on a GPU machine says whether direct messages help or hurt the NCCL path. Prints per check:
+status, bytes, seconds, GB/s. Without CUDA it prints a SKIP line and exits 0.
 """
 
 from __future__ import annotations
@@ -81,31 +84,40 @@ def worker(cfg: dict) -> dict:
         local = empty_like_layout(layout, device=dev, fill=3.0)
         want = materialize(layout, canon, fill=3.0)
     del canon
-    ex = Executor(plan, group, side=side, rank=rank, device=dev, checksums=cfg["checksums"])
+    # Large items as messages of their own, zero-copy where their boxes are contiguous (the default),
+    # and everything packed (the data plane before direct messages), alternating per iteration.
+    variants = {"direct": Executor(plan, group, side=side, rank=rank, device=dev, checksums=cfg["checksums"]),
+                "packed": Executor(plan, group, side=side, rank=rank, device=dev, checksums=cfg["checksums"],
+                                   direct_bytes=1 << 62)}
 
     def barrier() -> None:
         t = torch.zeros(1, device=dev if cfg["backend"] == "nccl" else "cpu")
         group.pg.allreduce([t]).wait(datetime.timedelta(seconds=cfg["timeout_s"]))
         sync()
 
-    times, diffs, stats = [], [], None
-    for _ in range(cfg["iters"]):
-        if side == "rollout":
-            for t in local.values():
-                t.fill_(3.0)
-        barrier()
-        t0 = time.perf_counter()
-        stats = ex.run(local)
-        sync()
-        barrier()
-        times.append(time.perf_counter() - t0)
-        if side == "rollout":
-            diffs = diff_tensors({k: v.cpu() for k, v in local.items()}, want)
-            if diffs:
-                break
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    diffs, stats = [], None
+    for it in range(cfg["iters"]):
+        for name in (("direct", "packed") if it % 2 == 0 else ("packed", "direct")):
+            if side == "rollout":
+                for t in local.values():
+                    t.fill_(3.0)
+            barrier()
+            t0 = time.perf_counter()
+            stats = variants[name].run(local)
+            sync()
+            barrier()
+            times[name].append(time.perf_counter() - t0)
+            if side == "rollout":
+                diffs = [f"{name}: {d}" for d in diff_tensors({k: v.cpu() for k, v in local.items()}, want)]
+                if diffs:
+                    break
+        if diffs:
+            break
     group.close()
     return {"side": side, "rank": rank, "times": times, "diff": diffs, "received": stats.bytes_received if stats else 0,
-            "peak": stats.peak_buffer_bytes if stats else 0}
+            "peak": stats.peak_buffer_bytes if stats else 0,
+            "zero_copy": (stats.zero_copy_bytes_sent + stats.zero_copy_bytes_received) if stats else 0}
 
 
 def run_check(name: str, spec: str, backend: str, gpus: list[int], args) -> dict:
@@ -135,12 +147,14 @@ def run_check(name: str, spec: str, backend: str, gpus: list[int], args) -> dict
     outs = [res.value for res in results]
     rollouts = [o for o in outs if o["side"] == "rollout"]
     diffs = [d for o in rollouts for d in o["diff"]]
-    best = min(max(o["times"][i] for o in outs) for i in range(len(outs[0]["times"])))
+    best = {k: min(max(o["times"][k][i] for o in outs) for i in range(len(outs[0]["times"][k]))) for k in ("direct", "packed")}
     received = sum(o["received"] for o in rollouts)
     return {
         "check": name, "status": "PASS" if not diffs else "FAIL", "backend": backend,
         "ranks": f"{S} trainer + {R} rollout on GPUs {sorted(set(gpus))}", "model_bytes": r.canonical.total_bytes(),
-        "bytes_received": received, "seconds": best, "GBps": received / best / 1e9,
+        "bytes_received": received, "seconds": best["direct"], "GBps": received / best["direct"] / 1e9,
+        "packed_seconds": best["packed"], "packed_over_direct": best["packed"] / best["direct"],
+        "zero_copy_bytes": sum(o["zero_copy"] for o in outs),
         "peak_buffer_bytes": max(o["peak"] for o in outs), "reason": "; ".join(diffs[:3]),
     }
 
@@ -206,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {res['check']:<10} PASS  {res['ranks']}: {res['bytes_received'] / 1e6:.1f} MB in "
                       f"{res['seconds']:.3f} s = {res['GBps']:.2f} GB/s (bitwise verified; peak wire buffers "
                       f"{res['peak_buffer_bytes'] / 1e6:.1f} MB/rank)")
+                print(f"  {'':<10}       all packed (direct_bytes off): {res['packed_seconds']:.3f} s; packed / direct = "
+                      f"{res['packed_over_direct']:.2f} ({res['zero_copy_bytes'] / 1e6:.1f} MB moved zero-copy, both ends)")
             else:
                 print(f"  {res['check']:<10} {res['status']}  {res.get('reason', '')}")
                 if res.get("traceback"):

@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from weightbridge.layout.box import box_shape
-from weightbridge.plan import build_plan
+from weightbridge.plan import build_plan, network_model
+from weightbridge.plan.cost import price
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import Executor, create_bridge_group, open_store
 from weightbridge.tensors import (
@@ -74,6 +75,7 @@ model: {{config: {json.dumps(config_path)}}}
 trainer: {{preset: megatron, mesh: {{tp: {args.trainer_tp}}}}}
 rollout: {{preset: vllm, instances: {args.instances}, mesh: {{tp: {args.rollout_tp}}}}}
 sync: {{round_bytes: {args.round_mib}MiB}}
+network: cpu-gloo
 """
 
 
@@ -88,7 +90,8 @@ def _pg(store, prefix: str, rank: int, size: int, timeout_s: float):
 def worker(cfg: dict) -> dict:
     r, problems = check_text(cfg["spec"])
     assert r is not None, problems
-    plan = build_plan(r.trainer, r.rollout, round_bytes=cfg["round_bytes"], receiver_dedup=cfg["receiver_dedup"])
+    plan = build_plan(r.trainer, r.rollout, round_bytes=cfg["round_bytes"], receiver_dedup=cfg["receiver_dedup"],
+                      network=network_model(r.network))
     assert plan.plan_hash == cfg["plan_hash"]
     side, rank = cfg["side"], cfg["rank"]
     S, R = r.trainer.world_size, r.rollout.world_size
@@ -138,7 +141,7 @@ def worker(cfg: dict) -> dict:
     # inline runs alternate per iteration so that machine noise hits both alike.
     for overlap in ("inline", "thread", "off"):
         ex = Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"),
-                      chunk_bytes=cfg["chunk_bytes"], overlap=overlap, checksums=False)
+                      chunk_bytes=cfg["chunk_bytes"], overlap=overlap, checksums=False, **cfg["direct"])
 
         def run_wb(ex=ex) -> int:
             st = ex.run(local)
@@ -148,7 +151,7 @@ def worker(cfg: dict) -> dict:
         timed(f"weightbridge_{overlap}", run_wb)
         ex.release_buffers()
     pair = {ck: Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"), chunk_bytes=cfg["chunk_bytes"],
-                         overlap="inline", checksums=ck) for ck in (False, True)}
+                         overlap="inline", checksums=ck, **cfg["direct"]) for ck in (False, True)}
     for it in range(cfg["iters"]):
         for ck in ((False, True) if it % 2 == 0 else (True, False)):
             saved, cfg["iters"] = cfg["iters"], 1
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--round-mib", type=int, default=64)
     ap.add_argument("--chunk-mib", type=int, default=16)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--direct-kib", type=int, default=None,
+                    help="items of at least this size move as messages of their own (default: the library's)")
     ap.add_argument("--receiver-dedup", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--json", action="store_true")
@@ -287,11 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(str(p) for p in problems), file=sys.stderr)
         return 2
     round_bytes = args.round_mib << 20
-    plan = build_plan(r.trainer, r.rollout, round_bytes=round_bytes, receiver_dedup=args.receiver_dedup)
+    net = network_model(r.network)
+    plan = build_plan(r.trainer, r.rollout, round_bytes=round_bytes, receiver_dedup=args.receiver_dedup, network=net)
+    predicted_s, bound_s = price(plan, net)
     S, R = r.trainer.world_size, r.rollout.world_size
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
     base = {"spec": text, "round_bytes": round_bytes, "plan_hash": plan.plan_hash, "port": store.port,
-            "timeout_s": args.timeout, "receiver_dedup": args.receiver_dedup, "iters": args.iters, "chunk_bytes": args.chunk_mib << 20}
+            "timeout_s": args.timeout, "receiver_dedup": args.receiver_dedup, "iters": args.iters, "chunk_bytes": args.chunk_mib << 20,
+            "direct": {} if args.direct_kib is None else {"direct_bytes": args.direct_kib << 10}}
     cfgs = [({**base, "side": "trainer", "rank": t},) for t in range(S)]
     cfgs += [({**base, "side": "rollout", "rank": q},) for q in range(R)]
     t0 = time.monotonic()
@@ -322,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     a, b, c = tw["inline"], t("gather_broadcast"), t("raw")
     wb_peak = max(o["wb_stats"]["inline"]["peak_buffer_bytes"] for o in outs)
     keep = ("seconds", "pack_seconds", "unpack_seconds", "wait_seconds", "round_seconds", "rounds", "chunks",
-            "bytes_sent", "bytes_received", "peak_buffer_bytes")
+            "bytes_sent", "bytes_received", "peak_buffer_bytes", "zero_copy_bytes_sent", "zero_copy_bytes_received")
     res = {
         "model_bytes": r.canonical.total_bytes(),
         "trainer_ranks": S, "rollout_ranks": R, "instances": args.instances,
@@ -330,7 +338,11 @@ def main(argv: list[str] | None = None) -> int:
                  "min_wire_bytes": plan.min_wire_bytes, "notes": list(plan.notes)},
         "seconds": {**{f"weightbridge_{m}": tw[m] for m in modes}, "gather_broadcast": b, "raw_p2p": c},
         "bytes_moved": moved,
-        "ratio_b_over_a": b / a, "ratio_a_over_c": a / c,
+        "ratio_b_over_a": b / a, "ratio_a_over_c": a / c, "ratio_c_over_a": c / a,
+        "cost_model": {"network": net.name, "predicted_s": predicted_s, "lower_bound_s": bound_s,
+                       "predicted_over_measured": predicted_s / a},
+        "zero_copy_bytes": sum(o["wb_stats"]["inline"]["zero_copy_bytes_sent"]
+                               + o["wb_stats"]["inline"]["zero_copy_bytes_received"] for o in outs),
         "checksums": {"on_s": ck_on, "off_s": ck_off, "ratio_on_over_off": ck_on / ck_off},
         "peak_buffer_bytes": wb_peak,
         "verified": verified,
@@ -360,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, sec, nb, ok in rows:
             print(f"{name:<34}{sec:>9.3f}{nb / mb:>10.1f}{nb / sec / 1e9:>7.2f}  {ok}")
         print(f"b/a = {b / a:.2f}  (gather+broadcast time / weightbridge time)")
-        print(f"a/c = {a / c:.2f}  (weightbridge time / raw P2P bound)")
+        print(f"a/c = {a / c:.2f}  (weightbridge time / raw P2P bound; c/a = {c / a:.2f} of the bound's throughput)")
+        print(f"cost model ({net.name}): predicted {predicted_s:.3f} s / measured (a) {a:.3f} s = {predicted_s / a:.2f}  "
+              f"(receiver de-replication {plan.receiver_dedup}; {plan.notes[0] if plan.notes else 'no decision needed'})")
+        print(f"zero-copy: {res['zero_copy_bytes'] / mb:.1f} MB of (a)'s bytes sent or received without a pack/unpack copy")
         print(f"checksums on/off = {ck_on / ck_off:.3f}  ({ck_on:.3f} s with sync.checksums, the default, vs "
               f"{ck_off:.3f} s without; inline, alternating runs, verified {verified['checksums_on']})")
         print(f"peak wire-buffer bytes per rank: {wb_peak / mb:.1f} MB (cap 2 x round_bytes = {2 * round_bytes / mb:.1f} MB)")

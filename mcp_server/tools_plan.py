@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mcp_server import specs, worker
 from mcp_server.roots import ServerConfig, excerpt, fail
 from weightbridge.layout.explain import explain_json, select_tensors
+from weightbridge.plan.network import PresetName
 from weightbridge.spec.errors import SpecErrors
 from weightbridge.spec import models as spec_models
 from weightbridge.spec.models import BYTES_PATTERN, parse_bytes
@@ -135,7 +136,7 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         spec_path: specs.SpecPath = None,
         spec_text: specs.SpecText = None,
         network: Annotated[
-            Literal["h100", "h200", "cpu-gloo"] | None, Field(description="Override the spec's network preset.")
+            PresetName | None, Field(description="Override the spec's network preset.")
         ] = None,
         round_bytes: Annotated[
             Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=BYTES_PATTERN, max_length=64)] | None,

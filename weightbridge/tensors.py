@@ -111,6 +111,19 @@ def _wire_view(buf: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, 
     return raw.view(dtype).view(tuple(shape))
 
 
+def direct_view(tensor: torch.Tensor | None, box: Box, transpose: bool, dtype: str,
+                device: torch.device) -> torch.Tensor | None:
+    """``box`` of ``tensor`` as a flat ``uint8`` view holding the box's elements in canonical
+    row-major order at ``dtype``, or None when it is not one (transposed, strided, another dtype
+    or device): a wire message can then be sent from or received into the tensor itself."""
+    if tensor is None or transpose or tensor.device != device or dtype_name(tensor.dtype) != dtype:
+        return None
+    region = tensor[_slices(box)]
+    if not region.is_contiguous():
+        return None
+    return region.reshape(-1).view(torch.uint8)
+
+
 def _check_room(buf: torch.Tensor, need: int) -> None:
     if buf.dtype != torch.uint8 or buf.dim() != 1 or not buf.is_contiguous():
         raise ValueError("wire buffer must be a contiguous 1-D uint8 tensor")

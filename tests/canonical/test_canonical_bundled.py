@@ -27,7 +27,7 @@ BIG = {
 
 def test_names() -> None:
     tiny = {"tiny-qwen2", "tiny-llama", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-qwen2-vllm", "tiny-qwen3-moe-vllm"}
-    assert set(BIG) | tiny == set(bundled_names())
+    assert set(BIG) | tiny | {"kimi-k2"} == set(bundled_names())
     for name in bundled_names():
         assert json.loads(bundled_config_path(name).read_text())["architectures"]
         assert "quantization_config" not in json.loads(bundled_config_path(name).read_text())
@@ -65,3 +65,15 @@ def test_unknown_bundled() -> None:
         CanonicalSourceError, match=r"model\.bundled: unknown bundled model 'qwen9'.*known: deepseek-v3"
     ):
         load_canonical({"bundled": "qwen9"}, ".")
+
+
+def test_kimi_k2_is_deepseek_v3_with_384_experts() -> None:
+    """bench/peers.py's Kimi-K2 row: the DeepSeek-V3 architecture, 384 experts, one dense layer; the
+    model card says "1T total parameters" (rounded), we count 1.026e12 in the bf16 layout."""
+    m = load_canonical({"bundled": "kimi-k2"}, ".")
+    s = summarize(m)
+    assert len(m) == 69_975 and s["totals"]["numel"] == 1_026_408_232_448
+    assert {"num_experts": 384, "first_k_dense": 1, "num_layers": 61, "num_heads": 64,
+            "vocab_size": 163840}.items() <= m.param_dict.items()
+    assert m["model.layers.60.mlp.experts.383.down_proj.weight"].shape == (7168, 2048)
+    assert "model.layers.1.mlp.experts.0.up_proj.weight" in m and "model.layers.0.mlp.experts.0.up_proj.weight" not in m

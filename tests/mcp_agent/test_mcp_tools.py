@@ -166,7 +166,7 @@ BAD_CALLS = [
     ("validate_spec", {"spec_path": "nope.yaml"}, "spec_path: "),
     ("validate_spec", {}, "spec_path: give exactly one of spec_path or spec_text"),
     ("plan_transfer", {"spec_path": FIVE_MISTAKES}, "$.rollout.preset: 'vlm' is not allowed here (did you mean 'vllm'?)"),
-    ("plan_transfer", {"spec_path": TINY, "network": "h900"}, "network\n  Input should be 'h100', 'h200' or 'cpu-gloo'"),
+    ("plan_transfer", {"spec_path": TINY, "network": "h900"}, "network\n  Input should be 'h100', 'h200', 'gb200' or 'cpu-gloo'"),
     ("plan_transfer", {"spec_path": TINY, "round_bytes": "lots"}, "round_bytes"),
     ("plan_transfer", {"spec_path": TINY, "round_byte": 5}, "round_byte: unknown argument; did you mean 'round_bytes'?"),
     ("explain_tensor", {"spec_path": TINY, "side": "rollout", "rank": 9, "tensor": "*"},

@@ -243,6 +243,33 @@ def test_cost_model_prices_links_and_baseline():
     assert m["stall_seconds"] < m["predicted_seconds"] < m["baseline_stall_seconds"]
 
 
+def test_shared_nodes_and_the_host_cap_price_one_host():
+    """``shared_nodes``: trainer and rollout ranks on one node move over the intra-node link;
+    ``node_bytes_per_s``: all of a node's intra-node bytes together bound a round."""
+    from weightbridge.plan.cost import price
+
+    tr = sharded_side("trainer", [("W", (1024, 1024), 0)], shards=2)
+    ro = sharded_side("rollout", [("W", (1024, 1024), 0)], shards=2)
+    plan = build_plan(tr, ro, round_bytes=64 * MiB)
+    half = 512 * 1024 * 2
+    link_only = network_model({"preset": "h100", "shared_nodes": True})
+    assert price(plan, link_only)[1] == pytest.approx(half / link_only.intra_node_bytes_per_s)
+    host = network_model({"preset": "cpu-gloo", "node_gbyte_per_s": 1.0})  # both transfers share the 1 GB/s host
+    assert host.shared_nodes and price(plan, host)[1] == pytest.approx(2 * half / 1e9)
+    apart = network_model({"preset": "cpu-gloo", "shared_nodes": False})  # the sides on separate hosts: NICs
+    assert price(plan, apart)[1] == pytest.approx(half / apart.nic_bytes_per_s)
+
+
+def test_receiver_dedup_pays_across_nodes_and_not_on_one_host():
+    """Two instances of the same layout: forwarding between them halves what crosses the NICs (on),
+    but on one host it only adds bytes to the same loopback (off)."""
+    tr = sharded_side("trainer", [("W", (4096, 1024), 0)], shards=2)
+    ro = sharded_side("rollout", [("W", (4096, 1024), 0)], shards=2, instances=2)
+    on_gpus = build_plan(tr, ro, round_bytes=64 * MiB, network=network_model("h100"))
+    one_host = build_plan(tr, ro, round_bytes=64 * MiB, network=network_model("cpu-gloo"))
+    assert on_gpus.receiver_dedup and not one_host.receiver_dedup, (on_gpus.notes, one_host.notes)
+
+
 @pytest.mark.parametrize("dedup", ["off", "on"])
 def test_empty_shards_are_ignored(dedup):
     # 2 rows over 3 trainer ranks and 4 rollout ranks: some shards hold nothing

@@ -152,6 +152,40 @@ def test_many_rounds_and_chunks() -> None:
         assert 0 < st["peak_buffer_bytes"] <= 2 * rb
 
 
+@pytest.mark.parametrize("overlap", ["inline", "thread", "off"])
+def test_large_items_move_as_their_own_messages_zero_copy_where_contiguous(overlap: str) -> None:
+    """``direct_bytes`` tiny: most items move as messages of their own; those whose boxes are
+    contiguous in both tensors go tensor to tensor, the rest through the buffers; all bitwise."""
+    plan, results, _ = run_transfer(FSDP2_DP2TP2_TO_VLLM_TP2, direct_bytes=64, checksums=True, updates=2,
+                                    overlap=overlap, round_bytes=16 << 10)
+    outs = assert_bitwise(plan, results, checksums=True)
+    sent = sum(o["stats"]["zero_copy_bytes_sent"] for o in outs)
+    received = sum(o["stats"]["zero_copy_bytes_received"] for o in outs)
+    assert 0 < sent < plan.update_bytes and 0 < received < plan.update_bytes
+    # without direct messages nothing is zero-copy (the default threshold is above these items)
+    plan, results, _ = run_transfer(FSDP2_DP2TP2_TO_VLLM_TP2, checksums=True, overlap=overlap, round_bytes=16 << 10)
+    outs = assert_bitwise(plan, results, checksums=True)
+    assert sum(o["stats"]["zero_copy_bytes_sent"] + o["stats"]["zero_copy_bytes_received"] for o in outs) == 0
+
+
+def test_direct_messages_with_casts_exchanges_and_chunks() -> None:
+    """fp32 -> bf16 (the sender packs every direct item: its dtype is not the wire's), receiver
+    de-replication (exchange sends from received tensors), chunks smaller than the messages."""
+    plan, results, _ = run_transfer(FP32_TO_BF16, direct_bytes=64, checksums=True, chunk_bytes=1000,
+                                    receiver_dedup="on", round_bytes=32 << 10)
+    outs = assert_bitwise(plan, results, checksums=True)
+    assert sum(o["stats"]["zero_copy_bytes_sent"] for o in outs if o["side"] == "trainer") == 0
+    if plan.receiver_dedup:
+        assert sum(o["stats"]["zero_copy_bytes_sent"] for o in outs if o["side"] == "rollout") > 0
+
+
+def test_corruption_of_a_bucket_with_direct_messages_raises_checksum_error() -> None:
+    plan, results, _ = run_transfer(TP2_TO_2xTP1, round_bytes=8 << 10, checksums=True, corrupt=True, timeout_s=5.0,
+                                    direct_bytes=256)
+    for res in results[2:]:
+        assert not res.ok and isinstance(res.error, ChecksumError), res.traceback
+
+
 def test_sender_killed_mid_run_raises_on_receivers() -> None:
     timeout_s = 5.0
     plan, results, seconds = run_transfer(
@@ -212,11 +246,18 @@ def test_a_rank_killed_after_publishing_its_address_fails_the_group_within_the_d
     a trainer killed in the handshake cost its peers 21 s with timeout_s 4, and the next push's
     handshake); the group creation must end, typed, at timeout_s."""
     timeout_s = 2.0
-    master = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
     world = 6  # 5 survivors: each the listening end of its pair with the dead rank with probability 1/2
-    res = launch(group_member, [(master.port, r, world, timeout_s, world - 1) for r in range(world)], timeout_s=WALL_S)
-    assert res[-1].exitcode == -9, res[-1]
-    outcomes = [r.value for r in res[:-1]]
-    assert all(r.ok for r in res[:-1]) and any(not v["ok"] for v in outcomes), res
-    for v in outcomes:  # the listening end of a pair with the dead rank waited 5 x timeout_s before
-        assert v["s"] < timeout_s + 2.5 and (v["ok"] or v["type"] in ("PeerTimeout", "PeerDisconnected")), v
+    hit = False
+    for _ in range(3):  # all 5 on the connecting end (probability 1/32): the case did not occur, again
+        master = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
+        res = launch(group_member, [(master.port, r, world, timeout_s, world - 1) for r in range(world)],
+                     timeout_s=WALL_S)
+        assert res[-1].exitcode == -9, res[-1]
+        outcomes = [r.value for r in res[:-1]]
+        assert all(r.ok for r in res[:-1]), res
+        for v in outcomes:  # the listening end of a pair with the dead rank waited 5 x timeout_s before
+            assert v["s"] < timeout_s + 2.5 and (v["ok"] or v["type"] in ("PeerTimeout", "PeerDisconnected")), v
+        hit = any(not v["ok"] for v in outcomes)
+        if hit:
+            break
+    assert hit, "in 3 attempts no survivor was the listening end of its pair with the dead rank"

@@ -123,8 +123,9 @@ def _run_threads(fns, timeout_s: float = 30.0) -> list:
     return out
 
 
-@pytest.mark.parametrize("chunk_bytes", [1000, 64 << 20])
-def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int) -> None:
+@pytest.mark.parametrize(("chunk_bytes", "direct_bytes"), [(1000, 1 << 20), (64 << 20, 1 << 20), (1000, 64), (64 << 20, 64)])
+def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int, direct_bytes: int) -> None:
+    """Also with large items as messages of their own (``direct_bytes`` 64: zero-copy where contiguous)."""
     r, problems = check_text(SPEC)
     assert not problems
     plan = build_plan(r.trainer, r.rollout, round_bytes=16 << 10, receiver_dedup="on")
@@ -139,11 +140,13 @@ def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int) -> None:
     dsts = [empty_like_layout(r.rollout.ranks[q], fill=3.0) for q in range(R)]
     fns = []
     for t in range(S):
-        ex = Executor(plan, group(t), side="trainer", rank=t, device=cpu, chunk_bytes=chunk_bytes, checksums=True)
+        ex = Executor(plan, group(t), side="trainer", rank=t, device=cpu, chunk_bytes=chunk_bytes, checksums=True,
+                      direct_bytes=direct_bytes)
         src = materialize(r.trainer.ranks[t], canon)
         fns.append(lambda ex=ex, src=src: ex.run(src))
     for q in range(R):
-        ex = Executor(plan, group(S + q), side="rollout", rank=q, device=cpu, chunk_bytes=chunk_bytes, checksums=True)
+        ex = Executor(plan, group(S + q), side="rollout", rank=q, device=cpu, chunk_bytes=chunk_bytes, checksums=True,
+                      direct_bytes=direct_bytes)
         fns.append(lambda ex=ex, d=dsts[q]: ex.run(d))
     results = _run_threads(fns)
     for res in results:

@@ -191,3 +191,45 @@ def test_checksum_sees_flips_and_swaps() -> None:
         assert fn(x) == fn(x.clone()) and fn(x) != fn(y)
         if x[3] != x[4]:
             assert fn(x) != fn(z)
+
+
+# -- direct messages (weightbridge.transport.wire.split_items, weightbridge.tensors.direct_view) --------
+
+def test_split_items_keeps_item_order_and_cuts_on_size_only() -> None:
+    from weightbridge.transport.wire import split_items
+
+    its = tuple(item(((0, n),), "a", ((0, n),), "b", ((0, n),)) for n in (1, 300, 2, 256, 7))  # 4 B per element
+    packed, direct = split_items(its, 1024)
+    assert [it.nbytes for it in packed] == [4, 8, 28] and [it.nbytes for it in direct] == [1200, 1024]
+    assert split_items(its, 1 << 20) == (its, ())
+
+
+@pytest.mark.parametrize(("box", "transpose", "dtype", "shared"), [
+    (((1, 3), (0, 6)), False, "float32", True),     # whole rows: contiguous
+    (((2, 3), (1, 4)), False, "float32", True),     # part of one row: contiguous
+    (((0, 4), (0, 3)), False, "float32", False),    # left columns: strided
+    (((0, 4), (0, 6)), True, "float32", False),     # transposed: not canonical order
+    (((0, 4), (0, 6)), False, "bfloat16", False),   # another dtype: a cast is needed
+])
+def test_direct_view_is_the_tensor_itself_only_when_it_holds_the_wire_bytes(box, transpose, dtype, shared) -> None:
+    from weightbridge.tensors import direct_view, read_canonical
+
+    t = torch.arange(24, dtype=torch.float32).view(4, 6)
+    v = direct_view(t, box, transpose, dtype, torch.device("cpu"))
+    if not shared:
+        assert v is None
+        return
+    assert v is not None and v.dtype == torch.uint8
+    assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()  # no copy
+    want = read_canonical(t, box, False, box_shape(box)).reshape(-1)
+    assert bitwise_equal(v.view(torch.float32), want)
+    v.view(torch.float32).fill_(-1.0)  # writing the view writes the tensor
+    assert (t[tuple(slice(a, b) for a, b in box)] == -1.0).all()
+
+
+def test_a_bucket_in_several_messages_has_one_trailer_and_one_message_keeps_its_checksum() -> None:
+    from weightbridge.transport.wire import combine_checksums
+
+    assert combine_checksums([0x1234]) == 0x1234
+    a, b = combine_checksums([1, 2]), combine_checksums([2, 1])
+    assert a != b and 0 <= a < 1 << 63

@@ -67,7 +67,7 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
     ex = cls(
         plan, group, side=side, rank=rank, device=torch.device("cpu"),
         chunk_bytes=cfg.get("chunk_bytes", 64 << 20), checksums=cfg.get("checksums", False),
-        overlap=cfg.get("overlap", True),
+        overlap=cfg.get("overlap", True), **({"direct_bytes": cfg["direct_bytes"]} if "direct_bytes" in cfg else {}),
     )
     on_round = None
     kill_after = cfg.get("kill_after_round")

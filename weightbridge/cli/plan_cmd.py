@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--receiver-dedup", choices=("auto", "on", "off"), default=None,
                    help="override sync.receiver_dedup: rollout instances complete shards among themselves "
                    "(auto: when the cost model says it pays)")
-    p.add_argument("--network", default=None, help="override the spec's network preset (h100, h200, cpu-gloo)")
+    p.add_argument("--network", default=None, help="override the spec's network preset (h100, h200, gb200, cpu-gloo)")
     p.add_argument("--round-bytes", type=byte_size_arg, default=None, metavar="BYTES",
                    help="override sync.round_bytes (an integer or a size such as 64MiB; at least 4KiB)")
     p.add_argument("--change-rate", type=change_rate_arg, default=None, metavar="F",

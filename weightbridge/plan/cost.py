@@ -5,8 +5,11 @@ Formulas (documented with their assumptions in ``docs/planner.md``):
 * A GPU has one NIC (``nic_bytes_per_s`` each way) and one intra-node link
   (``intra_node_bytes_per_s`` each way). A transfer between GPUs on the same node uses the
   intra-node link of both, otherwise both NICs. Colocated: trainer rank i and rollout rank i
-  are GPU i; a transfer within one GPU is priced like intra-node.
-* ``time(round) = max over GPUs, directions, links of bytes / bandwidth
+  are GPU i; a transfer within one GPU is priced like intra-node. Shared nodes: the two sides
+  have GPUs of their own on the same nodes (node ``rank // ranks_per_node`` on both sides);
+  otherwise the sides are on disjoint nodes and every trainer -> rollout transfer crosses NICs.
+* ``time(round) = max over GPUs, directions, links of bytes / bandwidth (and, with
+  node_bytes_per_s, over nodes of their intra-node bytes / node_bytes_per_s)
   + message_latency_s * max over GPUs of buckets sent or received``.
 * ``predicted = sum over rounds of time(round)`` (rounds are double-buffered, so packing of
   round r+1 hides behind the wire time of round r and is not counted).
@@ -41,11 +44,14 @@ def gpu(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
 
 
 def node(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
-    return ("node", rank // net.ranks_per_node) if net.colocated else (side, rank // net.ranks_per_node)
+    if net.colocated or net.shared_nodes:
+        return ("node", rank // net.ranks_per_node)
+    return (side, rank // net.ranks_per_node)
 
 
 class Links:
-    """Per-GPU bytes on (NIC out, NIC in, intra-node out, intra-node in) and message counts.
+    """Per-GPU bytes on (NIC out, NIC in, intra-node out, intra-node in), per-node intra-node
+    bytes (for ``node_bytes_per_s``) and message counts.
 
     The one implementation of the link model: :func:`flows_seconds` (the receiver
     de-replication estimate) and :func:`price` (a plan, round by round) both add to it.
@@ -58,6 +64,7 @@ class Links:
         self.nv_out: dict = {}
         self.nv_in: dict = {}
         self.msgs: dict = {}
+        self.node_tot: dict = {}  # node -> intra-node bytes (net.node_bytes_per_s)
         self.placement: dict = {} if placement is None else placement  # (side, rank) -> (gpu, node), cached
 
     def _at(self, side: str, rank: int) -> tuple:
@@ -71,6 +78,7 @@ class Links:
         gr, nr = self._at(dst_side, r)
         if ns == nr:
             out, inn = self.nv_out, self.nv_in
+            self.node_tot[ns] = self.node_tot.get(ns, 0) + nbytes
         else:
             out, inn = self.nic_out, self.nic_in
         out[gs] = out.get(gs, 0) + nbytes
@@ -81,7 +89,7 @@ class Links:
     def add_bytes_of(self, other: Links) -> None:
         """Add ``other``'s bytes (not its messages) to this one's."""
         for src, dst in ((other.nic_out, self.nic_out), (other.nic_in, self.nic_in),
-                         (other.nv_out, self.nv_out), (other.nv_in, self.nv_in)):
+                         (other.nv_out, self.nv_out), (other.nv_in, self.nv_in), (other.node_tot, self.node_tot)):
             for k, v in src.items():
                 dst[k] = dst.get(k, 0) + v
 
@@ -90,7 +98,8 @@ class Links:
         net = self.net
         nic = max([0, *self.nic_out.values(), *self.nic_in.values()]) / net.nic_bytes_per_s
         nv = max([0, *self.nv_out.values(), *self.nv_in.values()]) / net.intra_node_bytes_per_s
-        return max(nic, nv)
+        host = max([0, *self.node_tot.values()]) / net.node_bytes_per_s if net.node_bytes_per_s else 0.0
+        return max(nic, nv, host)
 
     def latency_seconds(self) -> float:
         """Message latency times the most messages any GPU sends or receives."""
@@ -238,7 +247,8 @@ def baseline(trainer: SideLayout, rollout: SideLayout, net: NetworkModel) -> Bas
         one_node = len({node(TRAINER, r, net) for r in rs}) == 1
         bw = net.intra_node_bytes_per_s if one_node else net.nic_bytes_per_s
         gather = max(gather, max(0, stage_bytes - lead_has) / bw)
-    one_node_all = net.colocated and len({node(ROLLOUT, r.rank, net) for r in rollout.ranks}) == 1
+    one_node_all = (net.colocated or net.shared_nodes) and len(
+        {node(ROLLOUT, r.rank, net) for r in rollout.ranks} | {node(TRAINER, r, net) for r in leader.values()}) == 1
     bw = net.intra_node_bytes_per_s if one_node_all else net.nic_bytes_per_s
     ntensors = sum(1 for n in extent if n in esize)
     broadcast = model_bytes / bw + ntensors * net.message_latency_s

@@ -43,7 +43,7 @@ def decide_receiver_dedup(cover: Cover, templates: Templates, net: NetworkModel)
             key = (s, g, l)
             agg[key] = agg.get(key, 0) + share
     slot_tot: dict[tuple[int, int], float] = {}
-    if not net.colocated:  # trainer -> rollout is always NIC to NIC: sum per rank, no per-instance flows
+    if not (net.colocated or net.shared_nodes):  # trainer -> rollout is NIC to NIC: sum per rank
         out_p: dict[int, float] = {}
         out_d: dict[int, float] = {}
         in_slot: dict[tuple[int, int], float] = {}

@@ -19,12 +19,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# Gloo over loopback on one 2-core host (bench/transfer_gloo.py, predicted / measured, docs/planner.md):
+# one rank sends or receives at most ~3.6 GB/s, and all ranks of the host together ~4.6 GB/s.
+CPU_GLOO_BYTES_PER_S = 3.6e9
+CPU_GLOO_HOST_BYTES_PER_S = 4.6e9
+CPU_GLOO_LATENCY_S = 100e-6
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetworkModel:
     """Per-GPU link rates in bytes/s; a rank is placed on node ``rank // ranks_per_node`` of its side.
 
     With ``colocated`` trainer rank ``i`` and rollout rank ``i`` share GPU ``i`` (and its NIC);
-    otherwise the two sides are on disjoint nodes.
+    with ``shared_nodes`` the two sides have GPUs of their own on the same nodes (trainer rank ``s``
+    and rollout rank ``r`` are on one node iff ``s // ranks_per_node == r // ranks_per_node``: a
+    single host, or engines placed next to the trainer); otherwise the two sides are on disjoint nodes.
     """
 
     name: str = "h100"
@@ -34,6 +43,11 @@ class NetworkModel:
     message_latency_s: float = 20e-6  # per bucket, per rank, per round
     hbm_bytes_per_s: float = 3.35e12  # local copies (snapshot / swap in async mode)
     colocated: bool = False
+    shared_nodes: bool = False
+    # All intra-node bytes of one node together, per second (None: no such limit, each GPU's link
+    # is its own, as with NVLink). On one CPU host every loopback byte costs CPU time of the same
+    # few cores, so the host's total, not a rank's link, is what binds.
+    node_bytes_per_s: float | None = None
 
     def with_colocated(self, colocated: bool) -> NetworkModel:
         return replace(self, colocated=colocated)
@@ -42,17 +56,24 @@ class NetworkModel:
 PRESETS: dict[str, NetworkModel] = {
     "h100": NetworkModel(name="h100"),
     "h200": NetworkModel(name="h200", hbm_bytes_per_s=4.8e12),
+    # GB200 NVL72: one NVLink domain of 72 GPUs (NVLink 5, 1.8 TB/s bidirectional per GPU), 400 Gb/s
+    # ConnectX-7 per GPU between racks, HBM3e.
+    "gb200": NetworkModel(name="gb200", intra_node_bytes_per_s=900e9, ranks_per_node=72, hbm_bytes_per_s=8e12),
+    # Gloo over loopback TCP on one host (CI and test machines): every rank on one node, both sides
+    # sharing it. Calibrated with bench/transfer_gloo.py (docs/planner.md, "Presets").
     "cpu-gloo": NetworkModel(
         name="cpu-gloo",
-        nic_bytes_per_s=25e9 / 8,  # 25 Gb/s Ethernet
-        intra_node_bytes_per_s=10e9,  # loopback TCP / shared memory, rough
-        ranks_per_node=8,
-        message_latency_s=100e-6,
+        nic_bytes_per_s=25e9 / 8,  # 25 Gb/s Ethernet: only between hosts (ranks_per_node overridden)
+        intra_node_bytes_per_s=CPU_GLOO_BYTES_PER_S,
+        ranks_per_node=1024,
+        message_latency_s=CPU_GLOO_LATENCY_S,
         hbm_bytes_per_s=20e9,  # DRAM memcpy, one core
+        shared_nodes=True,
+        node_bytes_per_s=CPU_GLOO_HOST_BYTES_PER_S,
     ),
 }
 
-PresetName = Literal["h100", "h200", "cpu-gloo"]
+PresetName = Literal["h100", "h200", "gb200", "cpu-gloo"]
 
 
 class NetworkSpec(BaseModel):
@@ -61,13 +82,20 @@ class NetworkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     preset: PresetName = Field(
-        "h100", description="Starting point: h100, h200 (8 GPUs, NVLink, 400 Gb/s per GPU) or cpu-gloo."
+        "h100", description="Starting point: h100, h200 (8 GPUs, NVLink, 400 Gb/s per GPU), gb200 (NVL72: "
+        "72 GPUs per NVLink domain) or cpu-gloo (Gloo over loopback on one host)."
     )
     nic_gbit_per_s: float | None = Field(None, gt=0, description="Per-GPU NIC bandwidth, Gbit/s.")
     intra_node_gbyte_per_s: float | None = Field(None, gt=0, description="Per-GPU intra-node bandwidth, GB/s one way.")
     ranks_per_node: int | None = Field(None, ge=1, description="GPUs (ranks) per node.")
     message_latency_us: float | None = Field(None, ge=0, description="Per-message latency, microseconds.")
     hbm_gbyte_per_s: float | None = Field(None, gt=0, description="Device memory copy bandwidth, GB/s.")
+    shared_nodes: bool | None = Field(
+        None, description="Trainer and rollout ranks share nodes (rank // ranks_per_node on both sides): one host, "
+        "or engines placed next to the trainer. Default: false (cpu-gloo: true).")
+    node_gbyte_per_s: float | None = Field(
+        None, gt=0, description="All intra-node traffic of one node together, GB/s (one CPU host's loopback). "
+        "Default: no such limit (cpu-gloo: calibrated).")
 
     @classmethod
     def parse(cls, value: Any) -> NetworkSpec:
@@ -93,6 +121,10 @@ class NetworkSpec(BaseModel):
             kw["message_latency_s"] = self.message_latency_us * 1e-6
         if self.hbm_gbyte_per_s is not None:
             kw["hbm_bytes_per_s"] = self.hbm_gbyte_per_s * 1e9
+        if self.shared_nodes is not None:
+            kw["shared_nodes"] = self.shared_nodes
+        if self.node_gbyte_per_s is not None:
+            kw["node_bytes_per_s"] = self.node_gbyte_per_s * 1e9
         return replace(m, **kw)
 
 

@@ -5,15 +5,15 @@ Shape of a plan::
     TransferPlan
       rounds: (Round, ...)                    # executed in order, double-buffered
         Round.buckets: (Bucket, ...)          # sorted by (src_side, sender, receiver)
-          Bucket: sender -> receiver, one contiguous wire buffer
+          Bucket: sender -> receiver, its items in wire order
             items: (WireItem, ...)            # packed back to back, in this order
       local_copies: (LocalCopy, ...)          # receiver-local duplicates, after the last round
 
-**Wire format of a bucket.** One flat byte buffer per ``(round, sender, receiver)``:
-the items of ``Bucket.items`` concatenated in tuple order, each item being the
-elements of its ``canonical_box`` in **canonical row-major order**, at the item's
-``dtype`` (``nbytes = numel(canonical_box) * itemsize(dtype)``, no padding or
-alignment). The sender reads ``src_box`` of its local tensor ``src_tensor`` (dims
+**Wire format of a bucket.** The bucket of ``(round, sender, receiver)``'s bytes are
+its items, each being the elements of its ``canonical_box`` in **canonical row-major
+order**, at the item's ``dtype`` (``nbytes = numel(canonical_box) * itemsize(dtype)``, no
+padding or alignment). The transport sends the small items concatenated in tuple order as
+one message and each large item as a message of its own (``weightbridge.transport.wire``). The sender reads ``src_box`` of its local tensor ``src_tensor`` (dims
 reversed first when ``src_transpose``), casts to ``dtype`` and copies it in; the
 receiver does the inverse into ``dst_box`` of ``dst_tensor``.
 
@@ -63,7 +63,7 @@ class WireItem(NamedTuple):
 
 
 class Bucket(NamedTuple):
-    """Everything ``sender`` sends ``receiver`` in one round: one contiguous wire buffer."""
+    """Everything ``sender`` sends ``receiver`` in one round (its messages: module docstring)."""
 
     src_side: str  # "trainer" (update) or "rollout" (receiver de-replication exchange)
     sender: int  # rank within src_side

@@ -293,5 +293,5 @@ class Spec(_Strict):
     rollout: SideSpec
     sync: SyncSpec = Field(default_factory=SyncSpec)
     network: PresetName | NetworkSpec | None = Field(
-        default=None, description="Network for the cost model: a preset name (h100, h200, cpu-gloo) or fields (`weightbridge docs planner`)."
+        default=None, description="Network for the cost model: a preset name (h100, h200, gb200, cpu-gloo) or fields (`weightbridge docs planner`)."
     )

@@ -14,18 +14,21 @@ runs an :class:`Executor` (reusable for every update of the same plan)::
 **Per round** (ranks without a bucket in a round skip it; P2P needs no barrier; the stages of one run
 are :class:`~weightbridge.transport.pipeline.RoundPipeline`'s methods):
 
-1. *pre*: one contiguous ``uint8`` wire buffer per peer and direction, sliced from the round's
-   slab (the bucket's bytes, plus an 8-byte checksum trailer with ``checksums=True``); pack the
-   send buckets from
-   the source tensors (:func:`~weightbridge.tensors.pack_items`: strided box copies,
-   cast to the wire dtype);
-2. *comm*: every buffer is cut into chunks of ``chunk_bytes`` (a pure function of the bucket
-   size, so both ends of a pair cut identically). Wave ``k`` issues chunk ``k`` of every
-   transfer of this rank as one P2P batch (NCCL: coalesced like ``dist.batch_isend_irecv``;
-   Gloo: individual async ``send``/``recv``), then waits for it with the group's deadline.
-   Wave ``k`` on a rank contains the send of a chunk iff wave ``k`` on the peer contains its
-   receive, so batches stay bounded and symmetric and cannot deadlock;
-3. *post*: verify checksums, unpack the received buckets into the destination
+1. *pre*: one contiguous ``uint8`` wire buffer per bucket, sliced from the round's slab (the
+   bucket's bytes, plus an 8-byte checksum trailer with ``checksums=True``). A bucket moves as
+   messages (:func:`~weightbridge.transport.wire.split_items`): its items smaller than
+   ``direct_bytes`` packed back to back (:func:`~weightbridge.tensors.pack_items`: strided box
+   copies, cast to the wire dtype) with the trailer, then each larger item as a message of its own,
+   sent from / received into the tensor itself when its box is contiguous there at the wire dtype
+   (zero-copy), else through the bucket's buffer;
+2. *comm* (:class:`~weightbridge.transport.comm.RoundComm`): every message is cut into chunks of
+   ``chunk_bytes`` (a pure function of the message size, so both ends of a pair cut identically).
+   Gloo: every chunk of the round is issued at once (several in flight per pair), then waited for
+   with the group's deadline. NCCL: wave ``k`` issues chunk ``k`` of every message as one coalesced
+   batch (like ``dist.batch_isend_irecv``) and waits for it; wave ``k`` on a rank contains the send of
+   a chunk iff wave ``k`` on the peer contains its receive, so batches stay bounded and symmetric and
+   cannot deadlock;
+3. *post*: verify checksums, unpack what arrived in the wire buffers into the destination
    (:func:`~weightbridge.tensors.unpack_items`, casts to the destination dtype), which
    releases the round's slab for round ``r+2``.
 
@@ -41,20 +44,21 @@ memory stays within ``2 x plan.round_bytes``, reported as :attr:`ExecStats.peak_
 
 **Double buffering** (``overlap``):
 
-* ``"inline"`` (the default, ``"auto"``): after issuing round ``r``'s first wave, the calling
-  thread packs round ``r+1`` into the other slab, then waits. On Gloo the bytes move on
-  Gloo's own I/O threads meanwhile; on CUDA the pack kernels run while NCCL transfers.
-* ``"thread"``: *pre* (pack) and *post* (unpack) run on one background worker thread, FIFO:
-  while the calling thread drives round ``r``'s waves, the worker unpacks round ``r-1`` and
-  then packs round ``r+1`` (torch copies release the GIL). Best with spare CPU cores.
+* ``"inline"`` (the default, ``"auto"``): once round ``r`` is issued, the calling thread unpacks
+  round ``r-1`` and packs round ``r+1`` into the slab that frees, then waits for round ``r``; round
+  ``r+1`` is issued before round ``r`` is unpacked (:mod:`~weightbridge.transport.pipeline`). On Gloo
+  the bytes move on Gloo's own I/O threads meanwhile; on CUDA the pack kernels run while NCCL transfers.
+* ``"thread"``: the same order, with *pre* (pack) and *post* (unpack) on one background worker
+  thread, FIFO (torch copies release the GIL). Best with spare CPU cores.
 * ``"off"``: strictly sequential (pack, transfer, unpack per round; one slab).
 
 A rollout rank's exchange sends (``src_side == "rollout"``, receiver de-replication) read data
 it received in earlier rounds, so for those rounds *pre* always waits for the previous round's
 *post*. Measured with ``bench/transfer_gloo.py`` (270 MB, 6 processes on 2 CPU cores, so no
-spare core to overlap with): inline 0.27-0.39 s, thread 0.27-0.45 s, off 0.22-0.33 s per update
-(run-to-run noise is larger than the differences); overlap pays where packing and moving bytes
-use different resources (GPU copy engines vs NIC, spare cores).
+spare core to overlap with; 2026-12-03): inline 0.115-0.126 s, thread 0.12-0.14 s, off 0.12-0.13 s
+per update, against 0.20-0.22 s before direct messages and one-wave rounds and 0.08-0.09 s for the
+raw P2P bound; overlap pays where packing and moving bytes use different resources (GPU copy
+engines vs NIC, spare cores).
 
 **Delta updates** (``delta="on"`` / ``"auto"``, ``sync.delta``): each bucket's wire buffer gets a
 64-byte header (version, the version a delta applies onto, length) and is sent as the elements that
@@ -87,10 +91,10 @@ from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, TransferPlan
 from weightbridge.tensors import apply_local_copies
 from weightbridge.tensors import dtype_name
 from weightbridge.transport import delta as wd
-from weightbridge.transport.errors import MalformedBucket, TransportError, classify
-from weightbridge.transport.group import BridgeGroup, wait_work
+from weightbridge.transport.errors import TransportError
+from weightbridge.transport.group import BridgeGroup
 from weightbridge.transport.pipeline import ExecStats, RoundPipeline
-from weightbridge.transport.wire import CHECKSUM_BYTES, Transfer, chunk_bounds, wire_buffer
+from weightbridge.transport.wire import CHECKSUM_BYTES, DIRECT_BYTES, chunk_bounds
 
 Overlap = Literal["auto", "inline", "thread", "off"]
 
@@ -111,6 +115,9 @@ class Executor:
     overlap : ``"auto"`` (= ``"inline"``), ``"inline"``, ``"thread"`` or ``"off"`` (module docstring);
         ``True`` / ``False`` mean ``"thread"`` / ``"off"``. May differ between ranks.
     keep_buffers : keep the wire slabs allocated between runs (see :meth:`release_buffers`).
+    direct_bytes : items of at least this many bytes move as messages of their own, sent from and
+        received into the tensors themselves where their boxes are contiguous at the wire dtype
+        (no pack or unpack copy); **equal on every rank** (it shapes the wire). Not with ``delta``.
     delta : ``"off"`` (default), ``"on"`` or ``"auto"``: send each bucket as the elements that changed
         since this executor's previous run when that is smaller (:mod:`weightbridge.transport.delta`);
         **equal on every rank** (it shapes the wire). Receivers then need destination dtypes equal to
@@ -130,6 +137,7 @@ class Executor:
         overlap: Overlap | bool = "auto",
         keep_buffers: bool = True,
         delta: str = "off",
+        direct_bytes: int = DIRECT_BYTES,
     ) -> None:
         if side not in (TRAINER, ROLLOUT):
             raise ValueError(f"side must be 'trainer' or 'rollout', got {side!r}")
@@ -143,6 +151,8 @@ class Executor:
             overlap = "inline"
         if overlap not in ("inline", "thread", "off"):
             raise ValueError(f"overlap must be auto, inline, thread or off, got {overlap!r}")
+        if direct_bytes <= 0:
+            raise ValueError(f"direct_bytes must be positive, got {direct_bytes}")
         if delta not in wd.MODES:
             raise ValueError(f"delta must be off, auto or on, got {delta!r}")
         if plan.num_senders != group.num_trainers or plan.num_senders + plan.num_receivers != group.world_size:
@@ -170,6 +180,9 @@ class Executor:
         self.trailer = CHECKSUM_BYTES if checksums else 0
         self.delta = delta
         self.header = wd.HEADER_BYTES if delta != "off" else 0
+        # items this large move as messages of their own (zero-copy where the boxes allow); a delta
+        # encodes the whole bucket as one message
+        self.direct_bytes = int(direct_bytes) if delta == "off" else 1 << 62
         # sync.delta state (module docstring of transport.delta): per bucket of this rank, keyed by
         # (round, src_side, sender, receiver); dropped whenever a run fails.
         self._send: dict[tuple, wd.SendState] = {}
@@ -342,90 +355,6 @@ class Executor:
 
     def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
         """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
-
-    # -- comm ---------------------------------------------------------------
-    def _cuts(self, tr: Transfer) -> list[tuple[int, int]]:
-        """The P2P chunks of a transfer; with ``delta`` a receiver knows only the first one until it arrived."""
-        if self.delta == "off":
-            return chunk_bounds(tr.nbytes, self.chunk_bytes)
-        if not tr.send:
-            return wd.message_cuts(0, tr.nbytes, self.chunk_bytes)
-        return wd.message_cuts(tr.length, tr.nbytes, self.chunk_bytes)
-
-    def _learn(self, tr: Transfer, round_index: int) -> list[tuple[int, int]]:
-        """``delta``, receiving: read the header from the first chunk; the rest of the message's cuts."""
-        try:
-            tr.header = wd.read_header(wire_buffer(tr, self.group, round_index), tr.nbytes, self.trailer)
-        except ValueError as exc:
-            raise self.group.error(MalformedBucket, tr.peer, round_index, str(exc)) from None
-        tr.length = tr.header.length + self.trailer
-        return wd.message_cuts(tr.length, tr.nbytes, self.chunk_bytes)
-
-    def _exchange(self, round_index: int, transfers: list[Transfer], after_issue: Callable[[], None]) -> tuple[int, int, int]:
-        """All chunks of one round, wave by wave; ``after_issue()`` runs once, after the first wave
-        is issued and before it is waited for. Returns ``(P2P ops issued, bytes sent, bytes received)``.
-
-        With ``delta`` wave 0 carries the first :data:`~weightbridge.transport.delta.FIRST_BYTES` of every
-        message (the header with its length); a receiver cuts the rest once wave 0 arrived, exactly as
-        the sender did (:func:`~weightbridge.transport.delta.message_cuts`)."""
-        cuts = [self._cuts(tr) for tr in transfers]
-        issued = sent = received = 0
-        called = False
-        k = 0
-        while True:
-            ops = [(tr, cut[k]) for tr, cut in zip(transfers, cuts) if k < len(cut)]
-            if not ops:
-                break
-            works = self._issue(round_index, ops, k, max(len(c) for c in cuts))
-            issued += len(ops)
-            for tr, (lo, hi) in ops:
-                if tr.send:
-                    sent += hi - lo
-                else:
-                    received += hi - lo
-            deadline = time.monotonic() + self.group.timeout_s
-            if not called:
-                called = True
-                after_issue()
-            for work, peers, what in works:
-                wait_work(self.group, work, peers=peers, round_index=round_index, what=what, deadline=deadline)
-            if k == 0 and self.delta != "off":
-                cuts = [c if tr.send else self._learn(tr, round_index) for tr, c in zip(transfers, cuts)]
-            k += 1
-        if not called:
-            after_issue()
-        return issued, sent, received
-
-    def _issue(self, round_index: int, ops: list[tuple[Transfer, tuple[int, int]]], k: int, waves: int):
-        """Issue one wave. Returns ``[(work, peers, description)]``."""
-        pg = self.group.pg
-        if pg is None:
-            raise self.group.error(TransportError, None, round_index, "the bridge group is closed")
-
-        def desc(tr: Transfer, lo: int, hi: int) -> str:
-            verb = "sending" if tr.send else "receiving"
-            return f"{verb} chunk {k + 1}/{waves} ({hi - lo} B)"
-
-        out = []
-        coalesce = self.group.backend == "nccl"
-        try:
-            if coalesce:
-                pg._start_coalescing()
-            for tr, (lo, hi) in ops:
-                part = wire_buffer(tr, self.group, round_index)[lo:hi]
-                work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
-                if not coalesce:
-                    out.append((work, [tr.peer], desc(tr, lo, hi)))
-            if coalesce:
-                work = pg._end_coalescing()
-                peers = [tr.peer for tr, _ in ops]
-                out.append((work, peers, f"P2P batch {k + 1}/{waves} ({len(ops)} ops)"))
-        except TransportError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            peer = ops[0][0].peer if ops else None
-            raise self.group.error(classify(exc), peer, round_index, f"issuing P2P ops: {exc}") from exc
-        return out
 
 
 def _marks(target: Mapping[str, torch.Tensor], names: set[str]) -> tuple:

@@ -1,12 +1,25 @@
 """One :meth:`Executor.run <weightbridge.transport.executor.Executor.run>` as a pipeline of round stages.
 
 Per round ``i`` of the rank: :meth:`RoundPipeline.pre` (slice the round's slab into wire buffers,
-pack and checksum the sends), the executor's waves (``Executor._exchange``), then
-:meth:`RoundPipeline.post` (verify checksums, unpack the receives, drop the buffers). ``pre`` and
-``post`` run on the *worker*: the calling thread (``overlap`` ``"inline"`` / ``"off"``) or one
-background thread (``"thread"``). With overlap, round ``i + 1``'s ``pre`` is submitted right after
-round ``i``'s first wave is issued, unless it is *dependent* (a rollout rank's exchange sends read
-what earlier rounds received: packed only after the previous ``post``).
+pack and checksum the sends), the round's messages (:class:`~weightbridge.transport.comm.RoundComm`:
+``start`` issues them, ``finish`` waits), then :meth:`RoundPipeline.post` (verify checksums, unpack
+the receives, drop the buffers). ``pre`` and ``post`` run on the *worker*: the calling thread
+(``overlap`` ``"inline"`` / ``"off"``) or one background thread (``"thread"``).
+
+Order with overlap (two slabs, round ``i`` in slab ``i % 2``)::
+
+    start(i) -> post(i-1) -> pre(i+1) -> finish(i) -> start(i+1) -> post(i) -> pre(i+2) -> ...
+
+Round ``i + 1``'s receives are posted and its sends issued *before* round ``i`` is unpacked, so the
+wire never waits for an unpack; ``pre(i + 1)`` writes the slab ``post(i - 1)`` just released (the
+worker runs them in that order). A *dependent* round (a rollout rank's exchange sends read what
+earlier rounds received) is packed only after the previous ``post``. Without overlap (one slab):
+``pre(i) -> start(i) -> finish(i) -> post(i)``.
+
+Tried and not kept (2026-12-03): two rounds on the wire at once (round ``i + 1`` started before
+round ``i`` finished). ``bench/transfer_gloo.py`` showed no gain (0.115-0.118 s either way), and
+after a failed round a bystander rank heard of the failure only at its deadline instead of at once
+(tests/sync/test_heal_mp.py failed 3 runs of 3 with it, passed 2 of 2 without; not investigated further).
 """
 
 from __future__ import annotations
@@ -22,10 +35,19 @@ import torch
 
 from weightbridge.errors import ProtocolError
 from weightbridge.plan.types import ROLLOUT
-from weightbridge.tensors import pack_items, unpack_items
+from weightbridge.tensors import direct_view, pack_items, unpack_items
 from weightbridge.transport import delta as wd
+from weightbridge.transport.comm import RoundComm
 from weightbridge.transport.errors import ChecksumError, DeltaBaseMismatch, MalformedBucket
-from weightbridge.transport.wire import Transfer, checksum, read_trailer, wire_buffer, write_trailer
+from weightbridge.transport.wire import (
+    Transfer,
+    checksum,
+    combine_checksums,
+    read_trailer,
+    split_items,
+    wire_buffer,
+    write_trailer,
+)
 
 if TYPE_CHECKING:
     from weightbridge.transport.executor import Executor
@@ -46,6 +68,8 @@ class ExecStats:
     unpack_seconds: float = 0.0
     wait_seconds: float = 0.0  # main thread blocked on the worker (pack not ready / unpack not done)
     chunks: int = 0  # P2P ops issued
+    zero_copy_bytes_sent: int = 0  # sent straight from the source tensors (no pack copy)
+    zero_copy_bytes_received: int = 0  # received straight into the destination (no unpack copy)
     local_copies: int = 0
     wire_bytes_sent: int = 0  # bytes this rank put on the wire (headers, trailers, deltas: what moved)
     wire_bytes_received: int = 0
@@ -106,18 +130,44 @@ class RoundPipeline:
         self.ahead = ex.overlap != "off"
         self.lock = threading.Lock()  # guards the stats the worker updates
         self.worker = _worker(ex, self.n)
-        self.pending: cf.Future | None = None  # the pre of the next round
         self.last_post: cf.Future | None = None  # the post of the previous round
 
     def run(self, on_round: Callable[[int, ExecStats], None] | None) -> ExecStats:
-        """Every round of the rank, in plan order; frees the worker (and the slabs unless kept)."""
+        """Every round of the rank, in plan order (module docstring); frees the worker (and the
+        slabs unless kept)."""
         ex, stats = self.ex, self.stats
         try:
-            self.pending = self.worker.submit(self.pre, 0) if self.n else None
+            pending = self.worker.submit(self.pre, 0) if self.n else None
+            held: tuple[int, list[Transfer]] | None = None  # finished, unpacked once the next round is on the wire
             for i in range(self.n):
-                self.round(i)
+                if pending is None:
+                    raise ProtocolError(ex.group.describe_rank(ex.me), f"round {ex.my_rounds[i][0]} was never packed")
+                tw = time.perf_counter()
+                transfers = pending.result()
+                stats.wait_seconds += time.perf_counter() - tw
+                pending = None
+                comm = RoundComm(ex, ex.my_rounds[i][0], transfers)
+                t0 = time.perf_counter()
+                comm.start()
+                if held is not None:  # unpack the previous round while this one moves
+                    self.post_async(*held)
+                    held = None
+                ahead = self.ahead and i + 1 < self.n and not self.dependent[i + 1]
+                if ahead:  # into the slab that unpack frees (the worker runs them in order)
+                    pending = self.worker.submit(self.pre, i + 1)
+                comm.finish()
+                self.count(i, comm, time.perf_counter() - t0)
                 if on_round is not None:
                     on_round(ex.my_rounds[i][0], stats)
+                if ahead:
+                    held = (i, transfers)
+                else:  # no overlap, or the next round's sends read what this one received
+                    self.post_async(i, transfers)
+                    if i + 1 < self.n:
+                        self.last_post.result()  # type: ignore[union-attr]
+                        pending = self.worker.submit(self.pre, i + 1)
+            if held is not None:
+                self.post_async(*held)
             if self.last_post is not None:
                 tw = time.perf_counter()
                 self.last_post.result()
@@ -129,39 +179,26 @@ class RoundPipeline:
                 ex.release_buffers()
         return stats
 
-    def round(self, i: int) -> None:
-        """Round ``i``: take its packed transfers, exchange them, hand them to ``post``."""
+    def count(self, i: int, comm: RoundComm, seconds: float) -> None:
         ex, stats = self.ex, self.stats
         ridx, sends, recvs = ex.my_rounds[i]
-        tw = time.perf_counter()
-        if self.pending is None:
-            raise ProtocolError(ex.group.describe_rank(ex.me), f"round {ridx} was never packed")
-        transfers = self.pending.result()
-        stats.wait_seconds += time.perf_counter() - tw
-        self.pending = None
-        tc = time.perf_counter()
-        ops, sent, received = ex._exchange(ridx, transfers, after_issue=lambda: self.pack_ahead(i))
-        stats.chunks += ops
-        stats.wire_bytes_sent += sent
-        stats.wire_bytes_received += received
-        stats.round_seconds.append(time.perf_counter() - tc)
+        stats.chunks += comm.issued
+        stats.wire_bytes_sent += comm.sent
+        stats.wire_bytes_received += comm.received
+        stats.round_seconds.append(seconds)
         stats.round_indices.append(ridx)
         stats.rounds += 1
         stats.bytes_sent += sum(b.nbytes for b in sends)
         stats.bytes_received += sum(b.nbytes for b in recvs)
-        if self.last_post is not None:
-            self.last_post.result()  # surface an unpack / checksum failure of the previous round now
-        self.last_post = self.worker.submit(self.post, i, transfers)
-        if i + 1 < self.n and self.pending is None:
-            self.pending = self.worker.submit(self.pre, i + 1)
 
-    def pack_ahead(self, i: int) -> None:
-        """Called once round ``i``'s first wave is issued: start packing round ``i + 1`` (overlap)."""
-        if self.ahead and i + 1 < self.n and not self.dependent[i + 1]:
-            self.pending = self.worker.submit(self.pre, i + 1)
+    def post_async(self, i: int, transfers: list[Transfer]) -> None:
+        """Hand round ``i`` to ``post`` on the worker, after surfacing the previous post's failure."""
+        if self.last_post is not None:
+            self.last_post.result()
+        self.last_post = self.worker.submit(self.post, i, transfers)
 
     def pre(self, i: int) -> list[Transfer]:
-        """Round ``i``'s wire buffers (slices of its slab); the sends packed and checksummed."""
+        """Round ``i``'s wire buffers (slices of its slab) and messages; the sends packed and checksummed."""
         ex = self.ex
         ridx, sends, recvs = ex.my_rounds[i]
         ts = time.perf_counter()
@@ -172,24 +209,72 @@ class RoundPipeline:
             tr = Transfer(b, ex._sender_bridge(b), False, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
+            if ex.delta == "off":
+                self.messages(tr, self.target)
             out.append(tr)
         for b in sends:
             tr = Transfer(b, ex._receiver_bridge(b), True, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
-                pack_items(b.items, self.source, tr.buf)
-                end = b.nbytes
+                self.messages(tr, self.source)
+                end = tr.packed
+                if ex.checksums:
+                    write_trailer(tr.buf, end, self.checksum(tr))
             else:
                 end = self.encode(ridx, b, tr.buf)
                 tr.length = end + ex.trailer
-            if ex.checksums:
-                write_trailer(tr.buf, end, checksum(tr.buf[:end]))
-            ex._after_pack(ridx, tr.peer, tr.buf)
+                if ex.checksums:
+                    write_trailer(tr.buf, end, checksum(tr.buf[:end]))
+            ex._after_pack(ridx, tr.peer, tr.buf[: end + ex.trailer])
             out.append(tr)
         with self.lock:
             self.stats.pack_seconds += time.perf_counter() - ts
         return out
+
+    def messages(self, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        """Cut a bucket into its messages (:func:`~weightbridge.transport.wire.split_items`): the packed
+        items (packed now when sending), then each direct item as a view of the tensor itself when its
+        box is one there, else as a region of the bucket's buffer (packed now, or unpacked in ``post``)."""
+        ex, buf = self.ex, wire_buffer(tr, self.ex.group, -1)
+        packed, direct = split_items(tr.bucket.items, ex.direct_bytes)
+        n = sum(it.nbytes for it in packed)
+        tr.packed = n
+        if tr.send and packed:
+            pack_items(packed, tensors or {}, buf)
+        elif packed:
+            tr.unpack.append((packed, 0))
+        off = n + ex.trailer
+        tr.messages = [buf[:off]] if off else []
+        for it in direct:
+            if tr.send:
+                view = direct_view((tensors or {}).get(it.src_tensor), it.src_box, it.src_transpose, it.dtype,
+                                   ex.wire_device)
+            else:
+                view = direct_view((tensors or {}).get(it.dst_tensor), it.dst_box, it.dst_transpose, it.dtype,
+                                   ex.wire_device)
+            if view is None:
+                view = buf[off : off + it.nbytes]
+                if tr.send:
+                    pack_items((it,), tensors or {}, view)
+                else:
+                    tr.unpack.append(((it,), off))
+            else:
+                with self.lock:
+                    if tr.send:
+                        self.stats.zero_copy_bytes_sent += it.nbytes
+                    else:
+                        self.stats.zero_copy_bytes_received += it.nbytes
+            tr.messages.append(view)
+            off += it.nbytes
+
+    def checksum(self, tr: Transfer) -> int:
+        """The bucket's trailer value over what its messages carry (packed part, then direct items)."""
+        buf = wire_buffer(tr, self.ex.group, -1)
+        parts = [checksum(buf[: tr.packed])]
+        if len(tr.messages) > 1:
+            parts += [checksum(m) for m in tr.messages[1:]]
+        return combine_checksums(parts)
 
     def post(self, i: int, transfers: list[Transfer]) -> None:
         """Verify and unpack round ``i``'s receives into the target; release the round's buffers."""
@@ -201,22 +286,25 @@ class RoundPipeline:
                 if tr.send:
                     continue
                 b, buf = tr.bucket, wire_buffer(tr, ex.group, ridx)
-                end = b.nbytes if ex.delta == "off" else tr.header.length
+                end = tr.packed if ex.delta == "off" else tr.header.length
                 if ex.checksums:
-                    want, got = read_trailer(buf, end), checksum(buf[:end])
+                    want = read_trailer(buf, end)
+                    got = self.checksum(tr) if ex.delta == "off" else checksum(buf[:end])
                     if want != got:
                         raise ex.group.error(
                             ChecksumError, tr.peer, ridx,
-                            f"bucket of {end} B from {ex.group.describe_rank(tr.peer)}: "
-                            f"checksum {got:#x}, sender sent {want:#x}",
+                            f"bucket of {b.nbytes if ex.delta == 'off' else end} B from "
+                            f"{ex.group.describe_rank(tr.peer)}: checksum {got:#x}, sender sent {want:#x}",
                         )
                 if ex.delta == "off":
-                    unpack_items(b.items, buf, self.target)  # type: ignore[arg-type]
+                    for items, off in tr.unpack:
+                        unpack_items(items, buf, self.target, off)  # type: ignore[arg-type]
                 else:
                     self.decode(ridx, tr, buf)
         finally:
             for tr in transfers:
                 tr.buf = None
+                tr.messages = []
             transfers.clear()
             with self.lock:
                 self.stats.unpack_seconds += time.perf_counter() - ts

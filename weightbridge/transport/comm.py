@@ -1,0 +1,148 @@
+"""The P2P traffic of one round of one rank: messages cut into chunks, issued in waves, waited for.
+
+A round's :class:`~weightbridge.transport.wire.Transfer` s (one per bucket this rank sends or
+receives) each move as one or more *messages* (``Transfer.messages``: the packed message, then one
+per direct item, :mod:`weightbridge.transport.wire`), and every message is cut into chunks of
+``chunk_bytes`` (:func:`~weightbridge.transport.wire.chunk_bounds`: both ends cut identically).
+
+Waves (:meth:`RoundComm.start` issues the first, :meth:`RoundComm.finish` waits for it and runs
+the rest):
+
+* **Gloo**: every chunk of every message in one wave: the sends and receives of a pair queue on its
+  connection in the same order on both ends, so any number can be in flight (one message in flight
+  per pair left the link idle between chunks). With ``sync.delta`` wave 0 moves the first piece of
+  every message (the header says how long it is) and wave 1 everything else.
+* **NCCL**: wave ``k`` issues chunk ``k`` of every message as one coalesced batch (like
+  ``dist.batch_isend_irecv``) and waits for it: the batches stay bounded and symmetric (wave ``k``
+  on a rank sends a chunk iff wave ``k`` on the peer receives it), so they cannot deadlock.
+
+Every wait is bounded by the group's deadline; failures are typed (:mod:`.errors`) and name the peer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from weightbridge.transport import delta as wd
+from weightbridge.transport.errors import MalformedBucket, TransportError, classify
+from weightbridge.transport.group import wait_work
+from weightbridge.transport.wire import Transfer, chunk_bounds, wire_buffer
+
+if TYPE_CHECKING:
+    from weightbridge.transport.executor import Executor
+
+
+class RoundComm:
+    """The messages of one round of one rank; ``start()`` then ``finish()``, once each."""
+
+    def __init__(self, ex: Executor, round_index: int, transfers: list[Transfer]) -> None:
+        self.ex = ex
+        self.round_index = round_index
+        self.coalesce = ex.group.backend == "nccl"
+        # (transfer, message buffer, its chunk cuts) in a fixed order: transfers, then their messages
+        self.messages: list[tuple[Transfer, torch.Tensor, list[tuple[int, int]]]] = []
+        for tr in transfers:
+            if ex.delta != "off":
+                self.messages.append((tr, wire_buffer(tr, ex.group, round_index), self._delta_cuts(tr)))
+            else:
+                for buf in tr.messages:
+                    self.messages.append((tr, buf, chunk_bounds(buf.numel(), ex.chunk_bytes)))
+        self.waves = max((len(c) for _, _, c in self.messages), default=0)
+        self.wave = 0
+        self.works: list = []
+        self.issued = self.sent = self.received = 0
+
+    # -- waves --------------------------------------------------------------
+    def _wave_ops(self, k: int) -> list[tuple[Transfer, torch.Tensor, int, int]]:
+        if self.coalesce:  # chunk k of every message
+            return [(tr, buf, *cut[k]) for tr, buf, cut in self.messages if k < len(cut)]
+        if self.ex.delta != "off" and k == 0:  # the first piece of every message: its header
+            return [(tr, buf, *cut[0]) for tr, buf, cut in self.messages if cut]
+        first = 1 if self.ex.delta != "off" else 0
+        return [(tr, buf, lo, hi) for tr, buf, cut in self.messages for lo, hi in cut[first:]]
+
+    def start(self) -> None:
+        """Issue the first wave (Gloo without deltas: everything)."""
+        self._issue(0)
+
+    def finish(self) -> None:
+        """Wait for the issued wave, then issue and wait for the rest."""
+        while True:
+            deadline = time.monotonic() + self.ex.group.timeout_s
+            for work, peers, what in self.works:
+                wait_work(self.ex.group, work, peers=peers, round_index=self.round_index, what=what,
+                          deadline=deadline)
+            self.works = []
+            if self.wave == 0 and self.ex.delta != "off":
+                self._learn_all()
+            self.wave += 1
+            if self.coalesce:
+                if self.wave >= self.waves:
+                    return
+            elif self.wave > (1 if self.ex.delta != "off" else 0):
+                return
+            self._issue(self.wave)
+
+    def _issue(self, k: int) -> None:
+        ops = self._wave_ops(k)
+        if not ops:
+            return
+        ex = self.ex
+        pg = ex.group.pg
+        if pg is None:
+            raise ex.group.error(TransportError, None, self.round_index, "the bridge group is closed")
+        waves = self.waves if self.coalesce else (2 if ex.delta != "off" else 1)
+
+        def desc(tr: Transfer, lo: int, hi: int) -> str:
+            return f"{'sending' if tr.send else 'receiving'} bytes [{lo}, {hi}) of a message (wave {k + 1}/{waves})"
+
+        try:
+            if self.coalesce:
+                pg._start_coalescing()
+            for tr, buf, lo, hi in ops:
+                part = buf[lo:hi]
+                work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
+                if not self.coalesce:
+                    self.works.append((work, [tr.peer], desc(tr, lo, hi)))
+                if tr.send:
+                    self.sent += hi - lo
+                else:
+                    self.received += hi - lo
+            if self.coalesce:
+                work = pg._end_coalescing()
+                self.works.append((work, [tr.peer for tr, *_ in ops], f"P2P batch {k + 1}/{waves} ({len(ops)} ops)"))
+        except TransportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every backend failure becomes a typed error
+            peer = ops[0][0].peer
+            raise ex.group.error(classify(exc), peer, self.round_index, f"issuing P2P ops: {exc}") from exc
+        self.issued += len(ops)
+
+    # -- sync.delta -----------------------------------------------------------
+    def _delta_cuts(self, tr: Transfer) -> list[tuple[int, int]]:
+        """A sender knows its message's length; a receiver only the first piece until it arrived."""
+        if not tr.send:
+            return wd.message_cuts(0, tr.nbytes, self.ex.chunk_bytes)
+        return wd.message_cuts(tr.length, tr.nbytes, self.ex.chunk_bytes)
+
+    def _learn_all(self) -> None:
+        """Receiving: read every message's header from its first piece; cut the rest as the sender did."""
+        ex = self.ex
+        out = []
+        for tr, buf, cuts in self.messages:
+            if not tr.send:
+                try:
+                    tr.header = wd.read_header(buf, tr.nbytes, ex.trailer)
+                except ValueError as exc:
+                    raise ex.group.error(MalformedBucket, tr.peer, self.round_index, str(exc)) from None
+                tr.length = tr.header.length + ex.trailer
+                cuts = wd.message_cuts(tr.length, tr.nbytes, ex.chunk_bytes)
+            out.append((tr, buf, cuts))
+        self.messages = out
+        self.waves = max((len(c) for _, _, c in out), default=0)
+
+
+__all__ = ["RoundComm"]
