@@ -94,7 +94,7 @@ from weightbridge.transport import delta as wd
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.group import BridgeGroup
 from weightbridge.transport.pipeline import ExecStats, RoundPipeline
-from weightbridge.transport.wire import CHECKSUM_BYTES, DIRECT_BYTES, chunk_bounds
+from weightbridge.transport.wire import CHECKSUM_BYTES, DIRECT_BYTES, chunk_bounds, split_items
 
 Overlap = Literal["auto", "inline", "thread", "off"]
 
@@ -180,9 +180,10 @@ class Executor:
         self.trailer = CHECKSUM_BYTES if checksums else 0
         self.delta = delta
         self.header = wd.HEADER_BYTES if delta != "off" else 0
-        # items this large move as messages of their own (zero-copy where the boxes allow); a delta
-        # encodes the whole bucket as one message
-        self.direct_bytes = int(direct_bytes) if delta == "off" else 1 << 62
+        # items this large move as messages of their own (zero-copy where the boxes allow; not with
+        # delta, which encodes the whole bucket as one message)
+        self.direct_bytes = int(direct_bytes)
+        self._splits: dict[tuple, tuple[tuple, tuple, int]] = {}  # bucket key -> split_items(...) + packed bytes
         # sync.delta state (module docstring of transport.delta): per bucket of this rank, keyed by
         # (round, src_side, sender, receiver); dropped whenever a run fails.
         self._send: dict[tuple, wd.SendState] = {}
@@ -220,6 +221,15 @@ class Executor:
         if geo is None:
             geo = self._geo[key] = wd.geometry(b)
         return geo
+
+    def split(self, key: tuple, b: Bucket) -> tuple[tuple, tuple, int]:
+        """``(packed items, direct items, packed bytes)`` of bucket ``b`` (:func:`split_items`), computed
+        once per bucket of the plan (every run cuts it the same)."""
+        hit = self._splits.get(key)
+        if hit is None:
+            packed, direct = split_items(b.items, self.direct_bytes)
+            hit = self._splits[key] = (packed, direct, sum(it.nbytes for it in packed))
+        return hit
 
     def send_state(self, key: tuple) -> wd.SendState:
         st = self._send.get(key)

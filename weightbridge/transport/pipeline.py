@@ -44,7 +44,6 @@ from weightbridge.transport.wire import (
     checksum,
     combine_checksums,
     read_trailer,
-    split_items,
     wire_buffer,
     write_trailer,
 )
@@ -210,14 +209,14 @@ class RoundPipeline:
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
-                self.messages(tr, self.target)
+                self.messages(ridx, tr, self.target)
             out.append(tr)
         for b in sends:
             tr = Transfer(b, ex._receiver_bridge(b), True, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
-                self.messages(tr, self.source)
+                self.messages(ridx, tr, self.source)
                 end = tr.packed
                 if ex.checksums:
                     write_trailer(tr.buf, end, self.checksum(tr))
@@ -232,41 +231,41 @@ class RoundPipeline:
             self.stats.pack_seconds += time.perf_counter() - ts
         return out
 
-    def messages(self, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
-        """Cut a bucket into its messages (:func:`~weightbridge.transport.wire.split_items`): the packed
-        items (packed now when sending), then each direct item as a view of the tensor itself when its
-        box is one there, else as a region of the bucket's buffer (packed now, or unpacked in ``post``)."""
-        ex, buf = self.ex, wire_buffer(tr, self.ex.group, -1)
-        packed, direct = split_items(tr.bucket.items, ex.direct_bytes)
-        n = sum(it.nbytes for it in packed)
+    def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        """Cut a bucket into its messages (:meth:`Executor.split`): the packed items (packed now when
+        sending), then each direct item as a view of the tensor itself when its box is one there, else
+        as a region of the bucket's buffer (packed now, or unpacked in ``post``)."""
+        ex, buf, tensors = self.ex, wire_buffer(tr, self.ex.group, ridx), tensors or {}
+        packed, direct, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
         tr.packed = n
-        if tr.send and packed:
-            pack_items(packed, tensors or {}, buf)
-        elif packed:
-            tr.unpack.append((packed, 0))
+        if packed:
+            if tr.send:
+                pack_items(packed, tensors, buf)
+            else:
+                tr.unpack.append((packed, 0))
         off = n + ex.trailer
         tr.messages = [buf[:off]] if off else []
+        zero_copy = 0
         for it in direct:
-            if tr.send:
-                view = direct_view((tensors or {}).get(it.src_tensor), it.src_box, it.src_transpose, it.dtype,
-                                   ex.wire_device)
-            else:
-                view = direct_view((tensors or {}).get(it.dst_tensor), it.dst_box, it.dst_transpose, it.dtype,
-                                   ex.wire_device)
+            name, box, transpose = ((it.src_tensor, it.src_box, it.src_transpose) if tr.send
+                                    else (it.dst_tensor, it.dst_box, it.dst_transpose))
+            view = direct_view(tensors.get(name), box, transpose, it.dtype, ex.wire_device)
             if view is None:
                 view = buf[off : off + it.nbytes]
                 if tr.send:
-                    pack_items((it,), tensors or {}, view)
+                    pack_items((it,), tensors, view)
                 else:
                     tr.unpack.append(((it,), off))
             else:
-                with self.lock:
-                    if tr.send:
-                        self.stats.zero_copy_bytes_sent += it.nbytes
-                    else:
-                        self.stats.zero_copy_bytes_received += it.nbytes
+                zero_copy += it.nbytes
             tr.messages.append(view)
             off += it.nbytes
+        if zero_copy:
+            with self.lock:
+                if tr.send:
+                    self.stats.zero_copy_bytes_sent += zero_copy
+                else:
+                    self.stats.zero_copy_bytes_received += zero_copy
 
     def checksum(self, tr: Transfer) -> int:
         """The bucket's trailer value over what its messages carry (packed part, then direct items)."""
