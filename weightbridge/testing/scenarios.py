@@ -12,7 +12,7 @@ receiver-dies  sync; the last rollout unit is SIGKILLed after round 0 of version
 no-receiver    trainers only; push(1) must fail in time
 late-joiner    the last instance starts after version 1 was pushed; versions 1..3
 delta          sync, ``sync.delta: on``; versions 1..6, each redrawing 2% of the elements
-handshake      the last rollout unit gets a spec with another round_bytes (another spec hash)
+handshake      the last rollout unit gets a spec with twice the round_bytes (another spec hash)
 async-heal     async, max_staleness 1, versions 1..5; the last rollout unit holds version 2
                unapplied until push(3) ended (it must fail: the staleness wait's deadline)
 impostor       sync; trainer processes without the job secret (the integration's own trainer
@@ -309,7 +309,9 @@ class Runner:
 
     def _handshake(self) -> ScenarioRun:
         spec = self._spec("handshake", mode="sync")
-        odd = write_run_spec(spec, spec.parent / "odd-spec.yaml", round_bytes=4096 + 64)
+        # Another spec hash at no planning cost: double round_bytes (at most as many rounds). A tiny
+        # round_bytes made the odd rank plan thousands of rounds, late past the hello deadline under load.
+        odd = write_run_spec(spec, spec.parent / "odd-spec.yaml", round_bytes=2 * self.integ.resolved.sync.round_bytes)
         tr, ro = self._common([1])
         ro.update(stop_on_error=True, snapshot=True)
         return self._go("handshake", spec, lambda port: self._trainers(spec, port, tr)

@@ -395,7 +395,8 @@ class ConformanceSuite:
             for proc in run.procs:
                 errors = proc.of("error")
                 got = errors[0]["type"] if errors else "no error"
-                v.expect(got == "HandshakeMismatch", f"{proc.label}: {got}, expected HandshakeMismatch")
+                said = f" ({errors[0]['message'][:300]})" if errors and got != "HandshakeMismatch" else ""
+                v.expect(got == "HandshakeMismatch", f"{proc.label}: {got}{said}, expected HandshakeMismatch")
                 if proc.role == "rollout":
                     applied = [e["version"] for e in proc.of("applied")]
                     v.expect(not applied, f"{proc.label}: applied versions {applied} despite the mismatch")
