@@ -3,12 +3,19 @@
     python bench/plan_scale.py                 # every spec/examples/*.yaml + synthetic DeepSeek-V3
     python bench/plan_scale.py --only deepseek --repeat 5
     python bench/plan_scale.py --json
+    python bench/plan_scale.py --ranks         # per-rank planning vs world size, synthetic DeepSeek-V3 up to 4096 ranks
 
 Pinned to one CPU core. ``planning`` is the best of ``--repeat`` runs of ``build_plan`` in wall
 seconds (median in brackets) and in CPU seconds of this process (``time.process_time``, which
 is what counts when other processes share the core); resolving the spec is not counted.
 ``peak MiB`` is the tracemalloc peak of one extra ``build_plan`` run (memory the planner
 allocates, not the layouts it is given).
+
+``--ranks``: synthetic DeepSeek-V3 (Megatron PP16 x EP16 x DP ``d`` -> ``16 d`` vLLM TP8 instances)
+for ``d`` = 1, 2, 4, 8, 16 (256 -> 128 up to 4096 -> 2048 ranks). Per world size: ``build_rank_plan``
+of the first and last rank of each side (best of ``--repeat`` CPU seconds each; the slowest is
+reported, with its tracemalloc peak), and the global ``build_plan`` where the world is at most
+``--global-upto`` ranks.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from weightbridge.plan import build_plan, network_model, plan_metrics, validate_plan  # noqa: E402
+from weightbridge.plan import build_plan, build_rank_plan, network_model, plan_metrics, validate_plan  # noqa: E402
 from weightbridge.plan.render import balance_reason  # noqa: E402
 
 
@@ -63,10 +70,14 @@ def main() -> int:
     ap.add_argument("--no-validate", action="store_true", help="skip validate_plan (slow at DeepSeek scale)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the first allowed)")
+    ap.add_argument("--ranks", action="store_true", help="per-rank planning vs world size (synthetic DeepSeek-V3)")
+    ap.add_argument("--global-upto", type=int, default=1536, help="with --ranks: also time build_plan up to this world")
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {args.cpu if args.cpu is not None else cpus[0]})
+    if args.ranks:
+        return _rank_scaling(args)
 
     rows = []
     for name, load in _cases(args.only, not args.no_synthetic):
@@ -142,6 +153,52 @@ def _print_row(r: dict) -> None:
     if r["balance_note"]:
         print(f"  note: {r['balance_note']}")
     sys.stdout.flush()
+
+
+def _rank_scaling(args) -> int:
+    from weightbridge.testing.synthetic_layouts import moe_layouts
+
+    net = network_model("h200")
+    rows = []
+    if not args.json:
+        print(f"{'trainer -> rollout':>20} {'global build_plan':>18} {'slowest rank':>14} {'CPU s':>6} {'wall s':>7} "
+              f"{'peak MiB':>8} {'its buckets':>11}")
+    for dp in (1, 2, 4, 8, 16):
+        tr, ro = moe_layouts(dp=dp, instances=16 * dp, share_instances=True)
+        world = tr.world_size + ro.world_size
+        glob = None
+        if world <= args.global_upto:
+            w0 = time.perf_counter()
+            build_plan(tr, ro, round_bytes=2 << 30, network=net)
+            glob = time.perf_counter() - w0
+        per = []
+        for side, lay in (("trainer", tr), ("rollout", ro)):
+            for rank in (0, lay.world_size - 1):
+                best = None
+                for _ in range(max(1, args.repeat)):
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    rp = build_rank_plan(tr, ro, side=side, rank=rank, round_bytes=2 << 30, network=net)
+                    t = (time.process_time() - c0, time.perf_counter() - w0)
+                    best = t if best is None or t < best else best
+                per.append((best, side, rank, sum(1 for _ in rp.buckets())))
+        (cpu, wall), side, rank, nb = max(per)
+        tracemalloc.start()
+        build_rank_plan(tr, ro, side=side, rank=rank, round_bytes=2 << 30, network=net)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        row = {"senders": tr.world_size, "receivers": ro.world_size, "global_seconds": glob,
+               "slowest_rank": f"{side} {rank}", "rank_cpu_seconds": cpu, "rank_wall_seconds": wall,
+               "rank_peak_mib": peak / 2**20, "rank_buckets": nb,
+               "ranks_cpu_seconds": {f"{s_} {r_}": c for (c, _), s_, r_, _ in per}}
+        rows.append(row)
+        if not args.json:
+            g = f"{glob:.2f} s" if glob is not None else "not run"
+            print(f"{tr.world_size:>9} -> {ro.world_size:<8} {g:>18} {row['slowest_rank']:>14} {cpu:>6.2f} "
+                  f"{wall:>7.2f} {row['rank_peak_mib']:>8.0f} {nb:>11}")
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

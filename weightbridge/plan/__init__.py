@@ -1,7 +1,8 @@
 """The transfer planner: which trainer rank sends which boxes to which rollout rank, in which round.
 
-Pure Python (no torch, no process group) and deterministic: every rank computes the same
-plan from the same layouts and can compare :attr:`TransferPlan.plan_hash`.
+Pure Python (no torch, no process group) and deterministic: ``build_plan`` gives the whole plan
+(for people and validation); each bridge rank builds only its slice of that plan with
+``build_rank_plan`` and compares :attr:`RankPlan.plan_hash` (the hash of the plan's inputs).
 
 Usage::
 
@@ -13,7 +14,7 @@ See ``docs/planner.md`` for the algorithm, the wire order and the cost model; ``
 steps are one module each (``weightbridge/plan/build.py`` lists them).
 """
 
-from weightbridge.plan.build import build_plan
+from weightbridge.plan.build import build_plan, build_rank_plan
 from weightbridge.plan.errors import PlanError
 from weightbridge.plan.metrics import plan_metrics
 from weightbridge.plan.network import PRESETS, NetworkModel, NetworkSpec, network_model
@@ -21,6 +22,7 @@ from weightbridge.plan.types import (
     Bucket,
     LocalCopy,
     PlanProblem,
+    RankPlan,
     Round,
     TransferItem,
     TransferPlan,
@@ -36,11 +38,13 @@ __all__ = [
     "NetworkSpec",
     "PlanError",
     "PlanProblem",
+    "RankPlan",
     "Round",
     "TransferItem",
     "TransferPlan",
     "WireItem",
     "build_plan",
+    "build_rank_plan",
     "network_model",
     "plan_metrics",
     "validate_plan",

@@ -15,15 +15,31 @@ from weightbridge.plan.rounds import Schedule
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, Round, WireItem
 
 
-def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tuple[Round, ...]:
-    """Buckets per (round, sender, receiver); items in packet order, template items first."""
+def assemble(packets: Packets, schedule: Schedule, templates: Templates,
+             only: tuple[str, int] | None = None) -> tuple[Round, ...]:
+    """Buckets per (round, sender, receiver); items in packet order, template items first.
+
+    ``only=(side, rank)`` keeps the buckets that rank sends or receives (a rank's slice of the
+    plan, :func:`weightbridge.plan.build.build_rank_plan`); the rounds keep their indices and
+    rounds without such buckets are left out."""
     tl: dict[tuple, list] = {}  # key -> [items..., ] with running bytes in nb
     tb: dict[tuple, int] = {}
     pl: dict[tuple, list[WireItem]] = {}
     pb: dict[tuple, int] = {}
     xl: dict[tuple, list[WireItem]] = {}
     xb: dict[tuple, int] = {}
+    sender = here = None  # the trainer rank kept; the (template, slot, instance) of the rollout rank kept
+    if only is not None:
+        side, rank = only
+        if side == TRAINER:
+            sender = rank
+        else:
+            here = next(((g, l, i) for g, t in enumerate(templates) for i, ranks in enumerate(t.ranks)
+                         for l, r in enumerate(ranks) if r == rank), (-1, -1, -1))
     for (s, w, g, l, i, b, items), rho in zip(packets.updates, schedule.update_rounds):
+        if only is not None and (s != sender if here is None else
+                                 (g, l) != here[:2] or (i >= 0 and i != here[2])):
+            continue
         if i < 0:
             key = (rho, s, g, l)
             lst, acc = tl, tb
@@ -31,9 +47,12 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tupl
             key = (rho, s, templates[g].ranks[i][l])
             lst, acc = pl, pb
         _add(lst, acc, key, items, b)
-    for (s, w, g, l, i, b, items, _), rho in zip(packets.forwards, schedule.forward_rounds):
-        key = (rho, s, g, l, i)
-        _add(xl, xb, key, items, b)
+    if sender is None:  # a trainer rank takes no part in forwards
+        for (s, w, g, l, i, b, items, _), rho in zip(packets.forwards, schedule.forward_rounds):
+            if here is not None and (g, l) != here[:2]:
+                continue
+            key = (rho, s, g, l, i)
+            _add(xl, xb, key, items, b)
     per_round: dict[int, list[Bucket]] = {}
     new = tuple.__new__
     for key, lst in tl.items():
@@ -43,10 +62,11 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tupl
         bl = per_round.get(rho)
         if bl is None:
             bl = per_round[rho] = []
+        every = templates[g].ranks if here is None else (templates[g].ranks[here[2]],)
         if not pl:
-            bl.extend([new(Bucket, (TRAINER, s, ranks[l], tt, nb)) for ranks in templates[g].ranks])
+            bl.extend([new(Bucket, (TRAINER, s, ranks[l], tt, nb)) for ranks in every])
             continue
-        for ranks in templates[g].ranks:
+        for ranks in every:
             r = ranks[l]
             pkey = (rho, s, r)
             more = pl.pop(pkey, None)
@@ -63,7 +83,7 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates) -> tupl
         nb = xb[key]
         bl = per_round.setdefault(rho, [])
         for m_, ranks in enumerate(templates[g].ranks):
-            if m_ != i:
+            if m_ != i and (here is None or here[2] in (i, m_)):
                 bl.append(Bucket(ROLLOUT, s, ranks[l], tt, nb))
     out = []
     for rho in sorted(per_round):

@@ -2,13 +2,14 @@
 
 A pipeline of pure steps, one module each, every step's input named (see ``docs/planner.md``)::
 
+    replicas.decompose(trainer, rollout)                  -> Decomposition | None   plan one replica group
     sources.index_sources(trainer)                        -> AtomIndex   atoms and their holders
     instances.group_instances(rollout)                    -> Templates   identical instances once
     cover.cover_needs(templates, atoms)                   -> Cover       needs cut by atom, local copies
     decide.decide_receiver_dedup(cover, templates, net)   -> DedupDecision        (``auto`` only)
     dereplicate.make_packets(cover, templates, dedup, round_bytes) -> Packets  units, sender split, forwards
     rounds.pack(packets, templates, round_bytes)          -> Schedule    the round of every packet
-    assemble.assemble(packets, schedule, templates)       -> tuple[Round, ...]
+    assemble.assemble(packets, schedule, templates)       -> tuple[Round, ...]   (only=(side, rank): a slice)
     TransferPlan(rounds, cover.copies, ...)                              hashed from its content
 
 Everything iterates in sorted, deterministic order; no set or dict order leaks into the plan.
@@ -17,19 +18,22 @@ Everything iterates in sorted, deterministic order; no set or dict order leaks i
 from __future__ import annotations
 
 import gc
-from typing import Literal
+from itertools import chain
+from typing import Literal, NamedTuple
 
 from weightbridge.layout.ir import SideLayout
 from weightbridge.plan.assemble import assemble
-from weightbridge.plan.cover import cover_needs
+from weightbridge.plan.cover import Cover, cover_needs
 from weightbridge.plan.decide import decide_receiver_dedup
-from weightbridge.plan.dereplicate import make_packets
+from weightbridge.plan.dereplicate import Packets, make_packets
 from weightbridge.plan.errors import PlanError
-from weightbridge.plan.instances import group_instances
+from weightbridge.plan.hashing import plan_inputs_hash
+from weightbridge.plan.instances import Templates, group_instances
 from weightbridge.plan.network import PRESETS, NetworkModel
-from weightbridge.plan.rounds import pack
+from weightbridge.plan.replicas import decompose, rename_copies, rename_rounds
+from weightbridge.plan.rounds import Schedule, pack
 from weightbridge.plan.sources import index_sources
-from weightbridge.plan.types import TransferPlan
+from weightbridge.plan.types import ROLLOUT, TRAINER, RankPlan, Round, TransferPlan
 
 
 def build_plan(
@@ -53,11 +57,7 @@ def build_plan(
     never for an incomplete layout pair (elements nobody holds are simply not sent): run
     :func:`weightbridge.plan.validate_plan` to get every problem.
     """
-    if round_bytes <= 0:
-        raise PlanError(f"round_bytes must be positive, got {round_bytes}")
-    if receiver_dedup not in ("auto", "on", "off"):
-        raise PlanError(f"receiver_dedup must be auto, on or off, got {receiver_dedup!r}")
-    net = network or PRESETS["h100"]
+    net = _check(round_bytes, receiver_dedup, network)
     # The build allocates ~1e6 small acyclic tuples next to a large live layout; generational
     # GC passes over that heap cost more than the build itself, so pause GC while building.
     was_enabled = gc.isenabled()
@@ -69,10 +69,38 @@ def build_plan(
             gc.enable()
 
 
-def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
-           receiver_dedup: str) -> TransferPlan:
+class _Steps(NamedTuple):
+    """What the steps before assembly produce (every rank computes all of it: it is per template)."""
+
+    templates: Templates
+    cover: Cover
+    packets: Packets
+    schedule: Schedule
+    receiver_dedup: bool
+    notes: tuple[str, ...]
+
+    @property
+    def num_rounds(self) -> int:
+        return 1 + max(chain(self.schedule.update_rounds, self.schedule.forward_rounds), default=-1)
+
+    @property
+    def wire_bytes(self) -> int:
+        sizes = [len(t.ranks) for t in self.templates]
+        return (sum(b * (sizes[g] if i < 0 else 1) for _, _, g, _, i, b, _ in self.packets.updates)
+                + sum(b * (sizes[g] - 1) for _, _, g, _, _, b, _, _ in self.packets.forwards))
+
+
+def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
+           receiver_dedup: str, only: tuple[str, int] | None = None) -> _Steps:
+    """Steps 1-5; with ``only=(side, rank)`` only that rank's packets get their items."""
     atoms = index_sources(trainer)
     templates = group_instances(rollout)
+    sender = slot = None
+    if only is not None and only[0] == TRAINER:
+        sender = only[1]
+    elif only is not None:
+        slot = next(((g, l) for g, t in enumerate(templates) for ranks in t.ranks for l, r in enumerate(ranks)
+                     if r == only[1]), (-1, -1))
     cover = cover_needs(templates, atoms)
     notes: list[str] = []
     dedup = [False] * len(templates)
@@ -83,20 +111,89 @@ def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
         notes.append(decision.note)
         if decision.use:
             dedup = [len(t.ranks) > 1 for t in templates]
-    packets = make_packets(cover, templates, dedup, round_bytes)
-    schedule = pack(packets, templates, round_bytes)
-    rounds = assemble(packets, schedule, templates)
+    packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot)
+    return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
+
+
+def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
+           receiver_dedup: str) -> TransferPlan:
+    d = decompose(trainer, rollout)
+    st = _steps(d.trainer if d else trainer, d.rollout if d else rollout, round_bytes, net, receiver_dedup)
+    rounds = assemble(st.packets, st.schedule, st.templates)
+    copies = st.cover.copies
+    if d is not None:
+        rounds, copies = rename_rounds(rounds, d, range(d.groups)), rename_copies(copies, d, range(d.groups))
     return TransferPlan(
         rounds=rounds,
-        local_copies=cover.copies,
+        local_copies=copies,
         round_bytes=round_bytes,
         num_senders=trainer.world_size,
         num_receivers=rollout.world_size,
-        receiver_dedup=any(dedup),
-        min_wire_bytes=cover.min_wire_bytes,
-        max_sender_bytes_bound=packets.sender_bound,
-        notes=tuple(notes),
+        receiver_dedup=st.receiver_dedup,
+        min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
+        max_sender_bytes_bound=st.packets.sender_bound,
+        notes=st.notes + ((d.note,) if d else ()),
     )
 
 
-__all__ = ["build_plan"]
+def build_rank_plan(
+    trainer: SideLayout,
+    rollout: SideLayout,
+    *,
+    side: str,
+    rank: int,
+    round_bytes: int,
+    network: NetworkModel | None = None,
+    receiver_dedup: Literal["auto", "on", "off"] = "auto",
+    inputs_hash: str | None = None,
+) -> RankPlan:
+    """The slice of :func:`build_plan`'s plan that rank ``rank`` of ``side`` takes part in.
+
+    Every rank of both sides calls this with the same layouts and arguments (in place of
+    ``build_plan``): it returns exactly the buckets of the global plan that this rank sends or
+    receives, in the same rounds, and its local copies, without building anyone else's buckets.
+    Ranks agree when their ``plan_hash`` (a hash of the planner version and these inputs; pass
+    ``inputs_hash`` when the caller already has one, e.g. from the spec) is equal.
+    """
+    net = _check(round_bytes, receiver_dedup, network)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        d = decompose(trainer, rollout)
+        j, sub = d.locate(side, rank) if d else (0, rank)
+        st = _steps(d.trainer if d else trainer, d.rollout if d else rollout, round_bytes, net, receiver_dedup,
+                    only=(side, sub))
+        rounds = assemble(st.packets, st.schedule, st.templates, only=(side, sub))
+        copies = tuple(c for c in st.cover.copies if side == ROLLOUT and c.rank == sub)
+        if d is not None:
+            rounds, copies = rename_rounds(rounds, d, range(j, j + 1)), rename_copies(copies, d, range(j, j + 1))
+        given = {r.index: r for r in rounds}
+        return RankPlan(
+            side=side,
+            rank=rank,
+            rounds=tuple(given.get(i) or Round(i, ()) for i in range(st.num_rounds)),
+            local_copies=copies,
+            round_bytes=round_bytes,
+            num_senders=trainer.world_size,
+            num_receivers=rollout.world_size,
+            receiver_dedup=st.receiver_dedup,
+            min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
+            max_sender_bytes_bound=st.packets.sender_bound,
+            wire_bytes=st.wire_bytes * (d.groups if d else 1),
+            notes=st.notes + ((d.note,) if d else ()),
+            plan_hash=inputs_hash or plan_inputs_hash(trainer, rollout, round_bytes, net, receiver_dedup),
+        )
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _check(round_bytes: int, receiver_dedup: str, network: NetworkModel | None) -> NetworkModel:
+    if round_bytes <= 0:
+        raise PlanError(f"round_bytes must be positive, got {round_bytes}")
+    if receiver_dedup not in ("auto", "on", "off"):
+        raise PlanError(f"receiver_dedup must be auto, on or off, got {receiver_dedup!r}")
+    return network or PRESETS["h100"]
+
+
+__all__ = ["build_plan", "build_rank_plan"]

@@ -19,7 +19,7 @@ Input: :class:`Cover`, :data:`Templates`, the per-template de-replication flags 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from weightbridge.layout.box import Box, box_numel
@@ -81,8 +81,13 @@ class _Unit(NamedTuple):
     load: int  # sender bytes
 
 
-def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int) -> Packets:
-    """Update packets in canonical order, and forward packets where ``dedup[template]``."""
+def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int,
+                 sender: int | None = None, slot: tuple[int, int] | None = None) -> Packets:
+    """Update packets in canonical order, and forward packets where ``dedup[template]``.
+
+    ``sender`` (a trainer rank) or ``slot`` (``(template, slot)`` of a rollout rank) leave the
+    items of every other packet empty: packing needs only sizes, and one rank's slice of the plan
+    only its own packets' items (:func:`weightbridge.plan.build.build_rank_plan`)."""
     out: list[UpdatePacket] = []
     xout: list[ForwardPacket] = []
     load: dict[int, int] = {}  # bytes per sender so far
@@ -93,6 +98,9 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
     anydedup = any(dedup)
     slot_load: dict[tuple[int, int], list[int]] = {}
     new = tuple.__new__  # NamedTuple(...) without the Python-level namedtuple __new__
+    def wanted(s: int, g: int, l: int) -> bool:
+        return (sender is None or s == sender) and (slot is None or (g, l) == slot)
+
     for atom, chunk_list in cover.chunks:
         name, holders = atom.canonical, atom.holders
         k = len(holders)
@@ -102,6 +110,7 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
             spb = sp.canonical_box
             tot = 0
             for g, l, cbox, dt, dp in chunk_list:
+                want = wanted(s, g, l)
                 ninst = ninsts[g]
                 dtype = dt.dtype
                 es = DTYPE_BYTES[dtype]
@@ -110,7 +119,9 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                     n *= z - a
                 b = n * es
                 if b * ninst <= unit_cap:
-                    if cbox == spb and cbox == dp.canonical_box:
+                    if not want:
+                        items = ()
+                    elif cbox == spb and cbox == dp.canonical_box:
                         items = (new(WireItem, (name, cbox, st.name, sp.local_box, sp.transpose, dt.name,
                                                 dp.local_box, dp.transpose, dtype, b)),)
                     else:
@@ -120,7 +131,7 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                     continue
                 for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
                     b = box_numel(u) * es
-                    items = tuple(make_items(name, u, st, sp, dt, dp, dtype, es))
+                    items = tuple(make_items(name, u, st, sp, dt, dp, dtype, es)) if want else ()
                     if ninst * b <= cap:
                         out.append(new(UpdatePacket, (s, ninst * b, g, l, ALL_INSTANCES, b, items)))
                     else:
@@ -157,13 +168,14 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                 ckey = (ub, g, l)
                 items = cache.get(ckey)
                 if items is None:
-                    items = cache[ckey] = tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
+                    items = cache[ckey] = (tuple(make_items(name, ub, st, sp, dt, dp, dtype, es))
+                                           if wanted(s, g, l) else ())
                 out.append(new(UpdatePacket, (s, w, g, l, i, b, items)))
                 tot += w
             load[s] = load.get(s, 0) + tot
             forced[s] = forced.get(s, 0) + tot
         else:
-            _split(name, holders, units, load, out)
+            _split(name, holders, units, load, out, wanted)
         if anydedup:
             deps: dict[tuple[int, int, int], list[int]] = {}
             for pi in range(start, len(out)):
@@ -171,7 +183,8 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                 deps.setdefault((pk.template, pk.slot, pk.instance), []).append(pi)
             for ub, g, l, i, dt, dp, dtype, es, b, w in units:
                 if i >= 0 and dedup[g] and ninsts[g] > 1:
-                    items = tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
+                    items = (tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
+                             if sender is None and (slot is None or (g, l) == slot) else ())
                     xout.append(ForwardPacket(templates[g].ranks[i][l], (ninsts[g] - 1) * b, g, l, i, b, items,
                                               deps.get((g, l, i), ())))
     return Packets(tuple(out), tuple(xout), _sender_bound(load, forced))
@@ -186,7 +199,7 @@ def _sender_bound(load: dict[int, int], forced: dict[int, int]) -> int:
 
 
 def _split(name: str, holders: tuple[Holder, ...], units: list[_Unit], load: dict[int, int],
-           out: list[UpdatePacket]) -> None:
+           out: list[UpdatePacket], wanted: Callable[[int, int, int], bool]) -> None:
     """Split the atom's stream among its holders: near-equal bytes, cuts on row boundaries."""
     k = len(holders)
     order = sorted(range(k), key=lambda j: (load.get(holders[j][0], 0), holders[j][0]))
@@ -214,7 +227,8 @@ def _split(name: str, holders: tuple[Holder, ...], units: list[_Unit], load: dic
                 items = cache.get(key)
                 if items is None:
                     sub = ub if (r0 == 0 and cut == nr) else rows(ub, r0, cut)
-                    items = cache[key] = tuple(make_items(name, sub, st, sp, dt, dp, dtype, es))
+                    items = cache[key] = (tuple(make_items(name, sub, st, sp, dt, dp, dtype, es))
+                                          if wanted(s, g, l) else ())
                 nw = (cut - r0) * rb
                 out.append(new(UpdatePacket, (s, nw, g, l, i, b * (cut - r0) // nr, items)))
                 sent[hj] += nw

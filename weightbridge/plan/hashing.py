@@ -12,7 +12,7 @@ import marshal
 from collections.abc import Sequence
 from operator import itemgetter
 
-PLANNER_VERSION = "weightbridge-plan/1"
+PLANNER_VERSION = "weightbridge-plan/2"  # 2: replica groups (the plans of data-parallel trainers changed)
 
 _COLS = [itemgetter(c) for c in (0, 1, 2, 4)]  # Bucket: src_side, sender, receiver, nbytes
 _ITEMS = itemgetter(3)  # Bucket.items
@@ -54,4 +54,35 @@ def plan_hash(header: tuple, rounds: Sequence, copies: Sequence[tuple]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["PLANNER_VERSION", "plan_hash"]
+def plan_inputs_hash(trainer, rollout, round_bytes: int, network, receiver_dedup: str) -> str:
+    """sha256 (hex) of everything a plan is a function of: the planner version, both sides'
+    layouts (every rank's number, instance, local rank and tensors with their pieces), the
+    arguments and the network model's fields. Ranks that plan only their own slice
+    (``build_rank_plan``) compare this instead of the content hash of a global plan they never build.
+
+    ``trainer`` / ``rollout`` are ``SideLayout`` values, ``network`` a ``NetworkModel`` (a dataclass
+    of str/int/float/bool/None fields). Tensor tuples shared between ranks (replicas, identical
+    instances) are serialized once and referred to by first-use number, as in :func:`plan_hash`.
+    """
+    h = hashlib.sha256()
+    net = tuple(getattr(network, f) for f in sorted(network.__dataclass_fields__))
+    h.update(marshal.dumps((PLANNER_VERSION, "inputs", round_bytes, receiver_dedup, net), 0))
+    by_content: dict[tuple, int] = {}
+    by_id: dict[int, int] = {}
+    for side in (trainer, rollout):
+        heads = []
+        for lay in side.ranks:
+            k = by_id.get(id(lay.tensors))
+            if k is None:
+                k = by_content.get(lay.tensors)
+                if k is None:
+                    k = by_content[lay.tensors] = len(by_content)
+                    h.update(marshal.dumps(tuple((t.name, t.shape, t.dtype, tuple(map(tuple, t.pieces)))
+                                                 for t in lay.tensors), 0))
+                by_id[id(lay.tensors)] = k
+            heads.append((lay.rank, lay.instance, lay.local_rank, k))
+        h.update(marshal.dumps((side.side, side.num_instances, tuple(heads)), 0))
+    return h.hexdigest()
+
+
+__all__ = ["PLANNER_VERSION", "plan_hash", "plan_inputs_hash"]

@@ -270,3 +270,62 @@ class TransferPlan:
             ],
             "local_copies": [list(c) for c in self.local_copies],
         }
+
+
+@dataclass(frozen=True, eq=False)
+class RankPlan:
+    """The slice of one update's plan that rank ``rank`` of ``side`` takes part in
+    (:func:`weightbridge.plan.build_rank_plan`).
+
+    ``rounds`` are all the plan's rounds, index for index, each holding only the buckets this
+    rank sends or receives (often none); ``local_copies`` are this rank's. The remaining fields
+    describe the whole plan (``wire_bytes`` included), as in :class:`TransferPlan`.
+    ``plan_hash`` is the hash of the plan's *inputs* (planner version, layouts, arguments:
+    :func:`weightbridge.plan.hashing.plan_inputs_hash`), equal on every rank of the update; the
+    planner is deterministic, so equal inputs mean the slices are cut from one plan.
+    """
+
+    side: str
+    rank: int
+    rounds: tuple[Round, ...]
+    local_copies: tuple[LocalCopy, ...]
+    round_bytes: int
+    num_senders: int
+    num_receivers: int
+    receiver_dedup: bool
+    min_wire_bytes: int
+    max_sender_bytes_bound: int
+    wire_bytes: int  # of the whole plan
+    notes: tuple[str, ...]
+    plan_hash: str
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    def buckets(self) -> Iterator[tuple[int, Bucket]]:
+        for r in self.rounds:
+            for b in r.buckets:
+                yield r.index, b
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, RankPlan) and (other.side, other.rank, other.plan_hash)
+                == (self.side, self.rank, self.plan_hash))
+
+    def __hash__(self) -> int:
+        return hash((self.side, self.rank, self.plan_hash))
+
+    def __repr__(self) -> str:
+        return (f"RankPlan({self.side} {self.rank}, inputs={self.plan_hash[:12]}, rounds={self.num_rounds}, "
+                f"buckets={sum(len(r.buckets) for r in self.rounds)})")
+
+
+def rank_slice(plan: TransferPlan, side: str, rank: int) -> tuple[tuple[Round, ...], tuple[LocalCopy, ...]]:
+    """The rounds (every index, only ``rank``'s buckets) and local copies of ``rank`` of ``side`` in
+    ``plan``: what :func:`~weightbridge.plan.build_rank_plan` returns for that rank."""
+    rounds = tuple(Round(r.index, tuple(b for b in r.buckets
+                                        if (b.src_side == side and b.sender == rank)
+                                        or (side == ROLLOUT and b.receiver == rank)))
+                   for r in plan.rounds)
+    return rounds, tuple(c for c in plan.local_copies if side == ROLLOUT and c.rank == rank)
+

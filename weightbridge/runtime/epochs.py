@@ -19,7 +19,8 @@ import torch
 
 from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.layout.ir import RankLayout
-from weightbridge.plan.types import TransferPlan
+from weightbridge.plan.network import network_model
+from weightbridge.plan.types import RankPlan
 from weightbridge.runtime.connect import device_of
 from weightbridge.runtime.options import BridgeOptions
 from weightbridge.spec.resolve import ResolvedSpec
@@ -76,8 +77,10 @@ class Endpoint:
         self.cp = ControlPlane(store, me=self.me, keys=Keys(options.prefix), timeout_s=self.timeout_s,
                                heartbeat_s=sync.heartbeat_s, auth=self.signer, ranks=spec_ranks)
         self.board = Board(self.cp)
+        # the spec's network model, as `weightbridge plan` uses it (receiver_dedup "auto" is priced on it)
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
-                               receiver_dedup=sync.receiver_dedup)
+                               receiver_dedup=sync.receiver_dedup,
+                               network=network_model(resolved.network, colocated=sync.mode == "colocated"))
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
             transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
             signer=self.signer, delta=sync.delta,
@@ -94,7 +97,7 @@ class Endpoint:
         self.epoch = 0
         self.roster: Roster | None = None
         self.hellos: dict[RankId, Hello] = {}
-        self.plan: TransferPlan | None = None
+        self.plan: RankPlan | None = None
         self.plan_rank = -1
         self.broken = False  # the epoch's bridge group is unusable (a push failed in it)
         self.failure_epoch = 0  # where this rank's failures are published: the epoch it is in or entering
@@ -146,7 +149,7 @@ class Endpoint:
                 return exc
             time.sleep(0.02)
 
-    def epoch_plan(self) -> tuple[TransferPlan, Roster]:
+    def epoch_plan(self) -> tuple[RankPlan, Roster]:
         """The current epoch's plan and roster; :class:`ProtocolError` outside of an epoch."""
         if self.plan is None or self.roster is None:
             raise ProtocolError(self.me, "no epoch entered (a push ran before its epoch's handshake)")
@@ -159,7 +162,7 @@ class Endpoint:
         if self.me not in roster:
             return False
         self.failure_epoch = epoch
-        plan = self.plans.plan(roster)
+        plan = self.plans.plan(roster, self.me.side, roster.plan_rank(self.me))
         self.data_plane.close(abort=self.broken)
         self.plan = None
         # Waits in this epoch end when a member restarts (its successor beats under the same key):

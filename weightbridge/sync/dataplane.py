@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from weightbridge.plan.types import TransferPlan
+from weightbridge.plan.types import RankPlan, TransferPlan
 from weightbridge.sync.roster import Roster
 
 
@@ -51,7 +51,7 @@ class DataPlane(Protocol):
 
     def run(
         self,
-        plan: TransferPlan,
+        plan: TransferPlan | RankPlan,
         *,
         side: str,
         rank: int,
@@ -121,7 +121,7 @@ class TransportDataPlane:
 
     def run(
         self,
-        plan: TransferPlan,
+        plan: TransferPlan | RankPlan,
         *,
         side: str,
         rank: int,

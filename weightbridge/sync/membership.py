@@ -2,8 +2,8 @@
 
 An epoch's rollout side is a subset of the spec's instances (late joiners, restarts, instances
 that left); its :class:`~weightbridge.sync.roster.Roster` renumbers it for the plan
-(:meth:`~weightbridge.sync.roster.Roster.rollout_layout`) and :class:`PlanCache` keeps one plan per
-instance set.
+(:meth:`~weightbridge.sync.roster.Roster.rollout_layout`) and :class:`PlanCache` keeps this rank's slice
+of the plan per instance set.
 """
 
 from __future__ import annotations
@@ -13,36 +13,47 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from weightbridge.layout.ir import RankLayout, SideLayout
-from weightbridge.plan import build_plan
-from weightbridge.plan.types import ROLLOUT, TransferPlan
+from weightbridge.plan import build_rank_plan
+from weightbridge.plan.network import NetworkModel
+from weightbridge.plan.types import ROLLOUT, RankPlan, TransferPlan
 from weightbridge.sync.auth import Signer, data_token
 from weightbridge.sync.roster import RankId, Roster
 
 
 class PlanCache:
-    """One plan per rollout instance set, built on first use (every rank builds the same)."""
+    """This rank's slice of the plan per rollout instance set, built on first use.
 
-    def __init__(self, trainer: SideLayout, rollout: SideLayout, *, round_bytes: int, receiver_dedup: str) -> None:
+    Each rank plans only the buckets it sends or receives (:func:`weightbridge.plan.build_rank_plan`);
+    ranks agree when the slices' ``plan_hash`` (the hash of the planner version and its inputs:
+    layouts in the roster's numbering, ``round_bytes``, ``receiver_dedup``, the network model) is equal.
+    """
+
+    def __init__(self, trainer: SideLayout, rollout: SideLayout, *, round_bytes: int, receiver_dedup: str,
+                 network: NetworkModel | None = None) -> None:
         self.trainer = trainer
         self.rollout = rollout
         self.round_bytes = round_bytes
         self.receiver_dedup = receiver_dedup
-        self._plans: dict[tuple[int, ...], TransferPlan] = {}
+        self.network = network
+        self._plans: dict[tuple, RankPlan] = {}
 
-    def plan(self, roster: Roster) -> TransferPlan:
-        """The plan of ``roster``'s instances (rollout ranks in the roster's plan numbering)."""
-        key = roster.instances
+    def plan(self, roster: Roster, side: str, rank: int) -> RankPlan:
+        """The slice of plan rank ``rank`` of ``side`` in the plan of ``roster``'s instances."""
+        key = (roster.instances, side, rank)
         if key not in self._plans:
-            self._plans[key] = build_plan(
+            self._plans[key] = build_rank_plan(
                 self.trainer,
                 roster.rollout_layout(self.rollout),
+                side=side,
+                rank=rank,
                 round_bytes=self.round_bytes,
+                network=self.network,
                 receiver_dedup=self.receiver_dedup,  # type: ignore[arg-type]
             )
         return self._plans[key]
 
 
-def plan_peers(plan: TransferPlan, side: str, rank: int) -> list[tuple[str, int]]:
+def plan_peers(plan: TransferPlan | RankPlan, side: str, rank: int) -> list[tuple[str, int]]:
     """The (side, plan rank) pairs that plan rank ``rank`` of ``side`` exchanges buckets with, sorted."""
     peers: set[tuple[str, int]] = set()
     for rnd in plan.rounds:
@@ -56,7 +67,7 @@ def plan_peers(plan: TransferPlan, side: str, rank: int) -> list[tuple[str, int]
 
 
 def data_check(
-    plan: TransferPlan, roster: Roster, me: RankId, hellos: Mapping[RankId, Any], signer: Signer,
+    plan: TransferPlan | RankPlan, roster: Roster, me: RankId, hellos: Mapping[RankId, Any], signer: Signer,
 ) -> tuple[list[int], Callable[[int, int], bytes]]:
     """The data-sender check of ``me`` in ``roster``'s epoch: the bridge ranks its plan exchanges data
     with, and ``token(src, dst)`` (bridge ranks) bound to the epoch, both spec ranks and their hello

@@ -27,13 +27,15 @@ def moe_layouts(
     vocab: int = 129280,
     pp: int = 16,
     ep: int = 16,
+    dp: int = 1,
     instances: int = 16,
     rollout_tp: int = 8,
     dtype: str = "bfloat16",
     trainer_dtype: str | None = None,
     share_instances: bool = True,
 ) -> tuple[SideLayout, SideLayout]:
-    """(trainer, rollout) layouts. ``share_instances`` reuses one instance's tensor objects."""
+    """(trainer, rollout) layouts: Megatron PP x EP (x DP replicas) -> ``instances`` x vLLM TP=EP. ``share_instances``
+    reuses one instance's tensor objects."""
     H, I, E = hidden, inter, num_experts
     tdt = trainer_dtype or dtype
     attn = {  # name -> (shape, rollout TP dim or None)
@@ -95,6 +97,9 @@ def moe_layouts(
                                      f"{p}.{e}.down_proj.weight", (H, I), tdt))
             trainer_ranks.append(RankLayout("trainer", st * ep + e_rank, tuple(ts),
                                             coords=(("ep", e_rank), ("pp", st))))
+    # data-parallel replicas (rank = d * pp * ep + stage * ep + e), sharing the tensor objects
+    trainer_ranks += [RankLayout("trainer", d * pp * ep + lay.rank, lay.tensors, coords=tuple(sorted((*lay.coords, ("dp", d)))))
+                      for d in range(1, dp) for lay in trainer_ranks[:pp * ep]]
     trainer = SideLayout("trainer", tuple(trainer_ranks))
 
     # ---- rollout: one instance, TP = EP = rollout_tp ----

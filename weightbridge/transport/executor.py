@@ -87,7 +87,7 @@ from typing import Literal
 import torch
 
 from weightbridge.layout.box import in_bounds
-from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, TransferPlan
+from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, RankPlan, TransferPlan
 from weightbridge.tensors import apply_local_copies
 from weightbridge.tensors import dtype_name
 from weightbridge.transport import delta as wd
@@ -126,7 +126,7 @@ class Executor:
 
     def __init__(
         self,
-        plan: TransferPlan,
+        plan: TransferPlan | RankPlan,
         group: BridgeGroup,
         *,
         side: Literal["trainer", "rollout"],
