@@ -133,3 +133,41 @@ def test_inputs_hash_covers_layouts_arguments_and_network_not_object_sharing():
     other = (_local_for("W", ((0, 4), (0, 2)), "bfloat16", 0),)
     assert plan_inputs_hash(SideLayout("trainer", (RankLayout("trainer", 0, one), RankLayout("trainer", 1, other))),
                             ro, 1024, PRESETS["h100"], "auto") != h
+
+
+def test_receiver_dedup_plans_the_update_whole_each_unit_crosses_once():
+    """Replica groups would send every unit once per group; with receiver de-replication (forced, or
+    chosen by auto on the whole update) the update is planned whole and each unit leaves the trainers once."""
+    one = (_local_for("W", ((0, 8192), (0, 4096)), "bfloat16", 0),)  # 64 MiB: bandwidth, not latency, decides
+    trainer = SideLayout("trainer", tuple(RankLayout("trainer", r, one) for r in range(2)))
+    rollout = SideLayout("rollout", tuple(RankLayout("rollout", i, one, instance=i) for i in range(8)), num_instances=8)
+    assert decompose(trainer, rollout) is not None
+    need = 8192 * 4096 * 2
+    off = _assert_every_slice(trainer, rollout, 1 << 30, "off")
+    assert off.update_bytes == 8 * need and any(n.startswith("replica groups: 2") for n in off.notes)
+    for dedup in ("on", "auto"):  # auto: on the default h100 network 8 instances behind 2 NICs pay off
+        plan = _assert_every_slice(trainer, rollout, 1 << 30, dedup)
+        assert plan.receiver_dedup and plan.update_bytes == need, (dedup, plan.notes)
+        assert not any(n.startswith("replica groups") for n in plan.notes)
+    assert any("receiver de-replication on" in n for n in plan.notes)
+
+
+@SETTINGS
+@given(ranks=st.lists(st.integers(0, 40), min_size=0, max_size=12, unique=True),
+       preset=st.sampled_from(["h100", "cpu-gloo", "colocated", "rpn3"]), nbytes=st.sampled_from([1.0, 7.5, 4096.0]))
+def test_all_to_all_links_equal_every_pair_added(ranks, preset, nbytes):
+    """The receiver de-replication estimate prices forwarding in O(instances), as the pairs would add."""
+    import dataclasses
+
+    from weightbridge.plan.cost import Links
+
+    net = {"colocated": PRESETS["h100"].with_colocated(True),
+           "rpn3": dataclasses.replace(PRESETS["h100"], ranks_per_node=3)}.get(preset) or PRESETS[preset]
+    fast, pairs = Links(net), Links(net)
+    fast.add_all_to_all("rollout", ranks, nbytes)
+    for a in ranks:
+        for b in ranks:
+            if a != b:
+                pairs.add("rollout", a, "rollout", b, nbytes)
+    for field in ("nic_out", "nic_in", "nv_out", "nv_in", "node_tot", "msgs"):
+        assert getattr(fast, field) == getattr(pairs, field), field

@@ -30,7 +30,7 @@ from weightbridge.plan.errors import PlanError
 from weightbridge.plan.hashing import plan_inputs_hash
 from weightbridge.plan.instances import Templates, group_instances
 from weightbridge.plan.network import PRESETS, NetworkModel
-from weightbridge.plan.replicas import decompose, rename_copies, rename_rounds
+from weightbridge.plan.replicas import Decomposition, decompose, rename_copies, rename_rounds
 from weightbridge.plan.rounds import Schedule, pack
 from weightbridge.plan.sources import index_sources
 from weightbridge.plan.types import ROLLOUT, TRAINER, RankPlan, Round, TransferPlan
@@ -91,8 +91,15 @@ class _Steps(NamedTuple):
 
 
 def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
-           receiver_dedup: str, only: tuple[str, int] | None = None) -> _Steps:
-    """Steps 1-5; with ``only=(side, rank)`` only that rank's packets get their items."""
+           receiver_dedup: str, only: tuple[str, int] | None = None, whole: Decomposition | None = None,
+           ) -> _Steps | str:
+    """Steps 1-5; with ``only=(side, rank)`` only that rank's packets get their items.
+
+    ``whole``: these layouts are that decomposition's sub-problem. Under ``"auto"`` receiver
+    de-replication is then priced on the whole update (every instance, real ranks); if it pays, the
+    decision's note (replica groups would send every unit once per group: the caller plans the
+    update whole).
+    """
     atoms = index_sources(trainer)
     templates = group_instances(rollout)
     sender = slot = None
@@ -104,7 +111,14 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
     cover = cover_needs(templates, atoms)
     notes: list[str] = []
     dedup = [False] * len(templates)
-    if receiver_dedup == "on":
+    if whole is not None:
+        if receiver_dedup == "auto":
+            decision = decide_receiver_dedup(cover, whole.templates, net, holders=whole.holders)
+            if decision.use:
+                return decision.note
+            notes.append(decision.note)
+        notes.append(whole.note)
+    elif receiver_dedup == "on":
         dedup = [len(t.ranks) > 1 for t in templates]
     elif receiver_dedup == "auto" and any(len(t.ranks) > 1 for t in templates):
         decision = decide_receiver_dedup(cover, templates, net)
@@ -115,10 +129,30 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
     return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
 
 
+def _plan_steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel, receiver_dedup: str,
+                only: tuple[str, int] | None = None) -> tuple[_Steps, Decomposition | None, int]:
+    """Steps 0-5: ``(steps, decomposition or None, sub-problem of `only`)``; ``only``'s rank is then a
+    sub-rank of that sub-problem's. Replica groups are used unless receiver de-replication is (it
+    sends each unit to one instance of all and forwards it from there: splitting the instances
+    into groups would send it once per group)."""
+    d = decompose(trainer, rollout) if receiver_dedup != "on" else None
+    if d is not None:
+        j, sub = d.locate(*only) if only is not None else (0, 0)
+        st = _steps(d.trainer, d.rollout, round_bytes, net, receiver_dedup, None if only is None else (only[0], sub),
+                    whole=d)
+        if not isinstance(st, str):
+            return st, d, j
+        whole = _steps(trainer, rollout, round_bytes, net, "on", only)  # priced above on the whole update: it pays
+        assert not isinstance(whole, str)
+        return whole._replace(notes=(st, *whole.notes)), None, 0
+    st = _steps(trainer, rollout, round_bytes, net, receiver_dedup, only)
+    assert not isinstance(st, str)
+    return st, None, 0
+
+
 def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
            receiver_dedup: str) -> TransferPlan:
-    d = decompose(trainer, rollout)
-    st = _steps(d.trainer if d else trainer, d.rollout if d else rollout, round_bytes, net, receiver_dedup)
+    st, d, _ = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup)
     rounds = assemble(st.packets, st.schedule, st.templates)
     copies = st.cover.copies
     if d is not None:
@@ -132,7 +166,7 @@ def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
         receiver_dedup=st.receiver_dedup,
         min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
         max_sender_bytes_bound=st.packets.sender_bound,
-        notes=st.notes + ((d.note,) if d else ()),
+        notes=st.notes,
     )
 
 
@@ -159,10 +193,8 @@ def build_rank_plan(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        d = decompose(trainer, rollout)
-        j, sub = d.locate(side, rank) if d else (0, rank)
-        st = _steps(d.trainer if d else trainer, d.rollout if d else rollout, round_bytes, net, receiver_dedup,
-                    only=(side, sub))
+        st, d, j = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup, (side, rank))
+        sub = d.locate(side, rank)[1] if d else rank
         rounds = assemble(st.packets, st.schedule, st.templates, only=(side, sub))
         copies = tuple(c for c in st.cover.copies if side == ROLLOUT and c.rank == sub)
         if d is not None:
@@ -180,7 +212,7 @@ def build_rank_plan(
             min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
             max_sender_bytes_bound=st.packets.sender_bound,
             wire_bytes=st.wire_bytes * (d.groups if d else 1),
-            notes=st.notes + ((d.note,) if d else ()),
+            notes=st.notes,
             plan_hash=inputs_hash or plan_inputs_hash(trainer, rollout, round_bytes, net, receiver_dedup),
         )
     finally:

@@ -9,11 +9,12 @@ Input: :class:`Cover`, :data:`Templates`, :class:`NetworkModel`. Output: :class:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from weightbridge.layout.box import box_numel
 from weightbridge.layout.ir import dtype_bytes
-from weightbridge.plan.cost import flows_seconds
+from weightbridge.plan.cost import Links, flows_seconds
 from weightbridge.plan.cover import Cover
 from weightbridge.plan.instances import Templates
 from weightbridge.plan.network import NetworkModel
@@ -25,10 +26,13 @@ class DedupDecision(NamedTuple):
     note: str  # printed in TransferPlan.notes
 
 
-def decide_receiver_dedup(cover: Cover, templates: Templates, net: NetworkModel) -> DedupDecision:
+def decide_receiver_dedup(cover: Cover, templates: Templates, net: NetworkModel,
+                          holders: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None) -> DedupDecision:
     """Price the update with and without receiver de-replication; use it only if >= 10% faster.
 
     Estimated from chunk bytes, with replicated atoms split evenly among their holders.
+    ``holders`` maps the cover's holder ranks to the update's (``cover`` is a replica group's
+    sub-problem and ``templates`` the whole rollout's: the whole update is priced).
     """
     per_atom: dict[tuple[tuple[int, ...], int, int], float] = {}  # (holder ranks, g, l) -> bytes per instance
     for atom, chunk_list in cover.chunks:
@@ -38,6 +42,8 @@ def decide_receiver_dedup(cover: Cover, templates: Templates, net: NetworkModel)
             per_atom[key] = per_atom.get(key, 0) + box_numel(cbox) * dtype_bytes(dt.dtype)
     agg: dict[tuple[int, int, int], float] = {}  # (s, g, l) -> bytes per instance
     for (hk, g, l), b in per_atom.items():
+        if holders is not None:
+            hk = holders(hk)
         share = b / len(hk)
         for s in hk:
             key = (s, g, l)
@@ -71,17 +77,13 @@ def decide_receiver_dedup(cover: Cover, templates: Templates, net: NetworkModel)
                 slot_tot[(g, l)] = slot_tot.get((g, l), 0) + b
         t_plain = flows_seconds(plain, net)
         t_update = flows_seconds(dedup, net)
-    xflows = []
+    forwards = Links(net)  # every instance's slot forwards its share to the slot of every other instance
     for (g, l), per_inst in slot_tot.items():
         ranks = templates[g].ranks
-        share = per_inst / len(ranks)
-        for i, a in enumerate(ranks):
-            for m_, bb in enumerate(ranks):
-                if m_ != i:
-                    xflows.append((ROLLOUT, a[l], ROLLOUT, bb[l], share))
+        forwards.add_all_to_all(ROLLOUT, [r[l] for r in ranks], per_inst / len(ranks))
     # forwarding adds at least one round and (instances - 1) messages per rank
     most = max((len(t.ranks) for t in templates), default=1)
-    t_dedup = t_update + flows_seconds(xflows, net) + net.message_latency_s * most
+    t_dedup = t_update + forwards.wire_seconds() + net.message_latency_s * most
     use = t_dedup < 0.9 * t_plain
     note = (
         f"receiver de-replication {'on' if use else 'off'}: estimated {t_dedup:.3g}s with vs {t_plain:.3g}s without"

@@ -3,12 +3,14 @@
 When every trainer rank has the same number ``k`` of ranks with identical layouts (itself
 included: data-parallel replicas hold the same tensors made of the same pieces) and all ``I``
 rollout instances share one template, the update splits into ``g = gcd(k, I)`` sub-problems
-when ``g >= 2``. Sub-problem ``j`` is members ``[j m, (j + 1) m)`` (``m = k / g``, members in
+when ``g >= 2`` and receiver de-replication is not used (``build._plan_steps`` prices it on the
+whole update first: it sends each unit to one instance of all, and groups would send it once
+per group). Sub-problem ``j`` is members ``[j m, (j + 1) m)`` (``m = k / g``, members in
 rank order) of every class of identical trainer ranks and instances ``[j B, (j + 1) B)``
 (``B = I / g``) of the template. Every sub-problem holds the same layouts, so its plan is the
 same up to renaming ranks: it is planned once, and a rank plans only its own sub-problem.
 
-Nothing is lost by the split. Each sub-problem's senders hold everything its receivers need,
+Without receiver de-replication nothing is lost by the split. Each sub-problem's senders hold everything its receivers need,
 every trainer rank still sends ``1 / k`` of its class's traffic (the same bytes as splitting
 every atom's rows over all ``k`` replicas), and the busiest rank moves the same bytes. What
 changes is who talks to whom: a rollout rank hears from ``1 / g`` of the senders, so there are
@@ -23,7 +25,7 @@ from math import gcd
 from typing import NamedTuple
 
 from weightbridge.layout.ir import RankLayout, SideLayout
-from weightbridge.plan.instances import group_instances
+from weightbridge.plan.instances import Templates, group_instances
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, LocalCopy, Round
 
 
@@ -37,6 +39,11 @@ class Decomposition(NamedTuple):
     rollout: SideLayout
     trainer_ranks: tuple[tuple[int, ...], ...]
     rollout_ranks: tuple[tuple[int, ...], ...]
+    templates: Templates  # of the whole rollout (one template)
+
+    def holders(self, sub: tuple[int, ...]) -> tuple[int, ...]:
+        """Sub-problem trainer ranks -> the trainer ranks holding the same data in every sub-problem."""
+        return tuple(ranks[s] for ranks in self.trainer_ranks for s in sub)
 
     def locate(self, side: str, rank: int) -> tuple[int, int]:
         """``(sub-problem, sub-rank)`` of ``rank`` of ``side``; ``ValueError`` if it is in none."""
@@ -85,7 +92,7 @@ def decompose(trainer: SideLayout, rollout: SideLayout) -> Decomposition | None:
         for b in range(per) for l, lay in enumerate(tpl.layouts)), num_instances=per)
     rollout_ranks = tuple(tuple(tpl.ranks[j * per + b][l] for b in range(per) for l in range(width))
                           for j in range(g))
-    return Decomposition(g, sub_trainer, sub_rollout, trainer_ranks, rollout_ranks)
+    return Decomposition(g, sub_trainer, sub_rollout, trainer_ranks, rollout_ranks, templates)
 
 
 def rename_rounds(rounds: tuple[Round, ...], d: Decomposition, groups: range) -> tuple[Round, ...]:
