@@ -156,7 +156,7 @@ class Roster:
         """The spec's rollout layout restricted to this epoch's instances, renumbered to plan ranks.
 
         With every instance present (in order) the spec's own layout is returned unchanged, so
-        the plan hash is the one ``weightbridge plan`` prints.
+        the epoch plans exactly the update ``weightbridge plan`` shows.
         """
         if self.instances == tuple(range(rollout.num_instances)):
             return rollout

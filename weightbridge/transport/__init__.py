@@ -30,8 +30,8 @@ One update, on every rank (S trainer ranks, R rollout ranks; bridge rank = t, or
 
 Contract:
 
-* every rank builds the same plan (compare ``plan.plan_hash`` first) and the same
-  ``chunk_bytes`` / ``checksums``; tensors are named as in the IR (``LocalTensor.name``);
+* every rank builds the same plan, or its slice of it (``build_rank_plan``; compare ``plan.plan_hash``
+  first), and the same ``chunk_bytes`` / ``checksums``; tensors are named as in the IR (``LocalTensor.name``);
 * an :class:`Executor` may be reused for many updates of the same plan (it keeps its wire slabs,
   at most ``2 x plan.round_bytes``; ``keep_buffers=False`` or ``release_buffers()`` frees them);
 * on a rollout rank only the boxes named by the plan (and its local copies) are written;

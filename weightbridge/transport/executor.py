@@ -1,7 +1,8 @@
-"""Execute a :class:`~weightbridge.plan.types.TransferPlan` on one rank of the bridge group.
+"""Execute a :class:`~weightbridge.plan.types.TransferPlan` (or a rank's
+:class:`~weightbridge.plan.types.RankPlan` slice of one) on one rank of the bridge group.
 
-Every trainer rank and every rollout rank builds the same plan, creates the bridge group and
-runs an :class:`Executor` (reusable for every update of the same plan)::
+Every trainer rank and every rollout rank builds the same plan (or its slice of it), creates the
+bridge group and runs an :class:`Executor` (reusable for every update of the same plan)::
 
     group = create_bridge_group(store, rank=..., world_size=S + R, num_trainers=S,
                                 backend="gloo", timeout_s=60)
