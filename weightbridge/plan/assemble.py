@@ -10,7 +10,7 @@ Input: :class:`Packets`, :class:`Schedule`, :data:`Templates`. Output: ``tuple[R
 from __future__ import annotations
 
 from weightbridge.plan.dereplicate import Packets
-from weightbridge.plan.instances import Templates
+from weightbridge.plan.instances import Templates, locate_rank
 from weightbridge.plan.rounds import Schedule
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, Round, WireItem
 
@@ -34,8 +34,7 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates,
         if side == TRAINER:
             sender = rank
         else:
-            here = next(((g, l, i) for g, t in enumerate(templates) for i, ranks in enumerate(t.ranks)
-                         for l, r in enumerate(ranks) if r == rank), (-1, -1, -1))
+            here = locate_rank(templates, rank)
     for (s, w, g, l, i, b, items), rho in zip(packets.updates, schedule.update_rounds):
         if only is not None and (s != sender if here is None else
                                  (g, l) != here[:2] or (i >= 0 and i != here[2])):

@@ -18,6 +18,8 @@ Everything iterates in sorted, deterministic order; no set or dict order leaks i
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import Literal, NamedTuple
 
@@ -28,7 +30,7 @@ from weightbridge.plan.decide import decide_receiver_dedup
 from weightbridge.plan.dereplicate import Packets, make_packets
 from weightbridge.plan.errors import PlanError
 from weightbridge.plan.hashing import plan_inputs_hash
-from weightbridge.plan.instances import Templates, group_instances
+from weightbridge.plan.instances import Templates, group_instances, locate_rank
 from weightbridge.plan.network import PRESETS, NetworkModel
 from weightbridge.plan.replicas import Decomposition, decompose, rename_copies, rename_rounds
 from weightbridge.plan.rounds import Schedule, pack
@@ -58,12 +60,18 @@ def build_plan(
     :func:`weightbridge.plan.validate_plan` to get every problem.
     """
     net = _check(round_bytes, receiver_dedup, network)
-    # The build allocates ~1e6 small acyclic tuples next to a large live layout; generational
-    # GC passes over that heap cost more than the build itself, so pause GC while building.
+    with _gc_paused():
+        return _build(trainer, rollout, round_bytes, net, receiver_dedup)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The build allocates ~1e6 small acyclic tuples next to a large live layout; generational
+    GC passes over that heap cost more than the build itself, so GC is paused while building."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build(trainer, rollout, round_bytes, net, receiver_dedup)
+        yield
     finally:
         if was_enabled:
             gc.enable()
@@ -106,8 +114,7 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
     if only is not None and only[0] == TRAINER:
         sender = only[1]
     elif only is not None:
-        slot = next(((g, l) for g, t in enumerate(templates) for ranks in t.ranks for l, r in enumerate(ranks)
-                     if r == only[1]), (-1, -1))
+        slot = locate_rank(templates, only[1])[:2]
     cover = cover_needs(templates, atoms)
     notes: list[str] = []
     dedup = [False] * len(templates)
@@ -130,9 +137,9 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
 
 
 def _plan_steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel, receiver_dedup: str,
-                only: tuple[str, int] | None = None) -> tuple[_Steps, Decomposition | None, int]:
-    """Steps 0-5: ``(steps, decomposition or None, sub-problem of `only`)``; ``only``'s rank is then a
-    sub-rank of that sub-problem's. Replica groups are used unless receiver de-replication is (it
+                only: tuple[str, int] | None = None) -> tuple[_Steps, Decomposition | None, int, int]:
+    """Steps 0-5: ``(steps, decomposition or None, sub-problem of `only`, its rank there)`` (with no
+    decomposition: sub-problem 0 and ``only``'s own rank). Replica groups are used unless receiver de-replication is (it
     sends each unit to one instance of all and forwards it from there: splitting the instances
     into groups would send it once per group)."""
     d = decompose(trainer, rollout) if receiver_dedup != "on" else None
@@ -141,33 +148,31 @@ def _plan_steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net:
         st = _steps(d.trainer, d.rollout, round_bytes, net, receiver_dedup, None if only is None else (only[0], sub),
                     whole=d)
         if not isinstance(st, str):
-            return st, d, j
+            return st, d, j, sub
         whole = _steps(trainer, rollout, round_bytes, net, "on", only)  # priced above on the whole update: it pays
         assert not isinstance(whole, str)
-        return whole._replace(notes=(st, *whole.notes)), None, 0
+        return whole._replace(notes=(st, *whole.notes)), None, 0, only[1] if only else 0
     st = _steps(trainer, rollout, round_bytes, net, receiver_dedup, only)
     assert not isinstance(st, str)
-    return st, None, 0
+    return st, None, 0, only[1] if only else 0
 
 
 def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
            receiver_dedup: str) -> TransferPlan:
-    st, d, _ = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup)
+    st, d, _, _ = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup)
     rounds = assemble(st.packets, st.schedule, st.templates)
     copies = st.cover.copies
     if d is not None:
         rounds, copies = rename_rounds(rounds, d, range(d.groups)), rename_copies(copies, d, range(d.groups))
-    return TransferPlan(
-        rounds=rounds,
-        local_copies=copies,
-        round_bytes=round_bytes,
-        num_senders=trainer.world_size,
-        num_receivers=rollout.world_size,
-        receiver_dedup=st.receiver_dedup,
-        min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
-        max_sender_bytes_bound=st.packets.sender_bound,
-        notes=st.notes,
-    )
+    return TransferPlan(rounds=rounds, local_copies=copies, **_described(st, d, trainer, rollout, round_bytes))
+
+
+def _described(st: _Steps, d: Decomposition | None, trainer: SideLayout, rollout: SideLayout,
+               round_bytes: int) -> dict:
+    """The fields a :class:`TransferPlan` and a :class:`RankPlan` share: they describe the whole plan."""
+    return {"round_bytes": round_bytes, "num_senders": trainer.world_size, "num_receivers": rollout.world_size,
+            "receiver_dedup": st.receiver_dedup, "min_wire_bytes": st.cover.min_wire_bytes * (d.groups if d else 1),
+            "max_sender_bytes_bound": st.packets.sender_bound, "notes": st.notes}
 
 
 def build_rank_plan(
@@ -190,11 +195,8 @@ def build_rank_plan(
     ``inputs_hash`` when the caller already has one, e.g. from the spec) is equal.
     """
     net = _check(round_bytes, receiver_dedup, network)
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        st, d, j = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup, (side, rank))
-        sub = d.locate(side, rank)[1] if d else rank
+    with _gc_paused():
+        st, d, j, sub = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup, (side, rank))
         rounds = assemble(st.packets, st.schedule, st.templates, only=(side, sub))
         copies = tuple(c for c in st.cover.copies if side == ROLLOUT and c.rank == sub)
         if d is not None:
@@ -205,19 +207,10 @@ def build_rank_plan(
             rank=rank,
             rounds=tuple(given.get(i) or Round(i, ()) for i in range(st.num_rounds)),
             local_copies=copies,
-            round_bytes=round_bytes,
-            num_senders=trainer.world_size,
-            num_receivers=rollout.world_size,
-            receiver_dedup=st.receiver_dedup,
-            min_wire_bytes=st.cover.min_wire_bytes * (d.groups if d else 1),
-            max_sender_bytes_bound=st.packets.sender_bound,
             wire_bytes=st.wire_bytes * (d.groups if d else 1),
-            notes=st.notes,
             plan_hash=inputs_hash or plan_inputs_hash(trainer, rollout, round_bytes, net, receiver_dedup),
+            **_described(st, d, trainer, rollout, round_bytes),
         )
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _check(round_bytes: int, receiver_dedup: str, network: NetworkModel | None) -> NetworkModel:

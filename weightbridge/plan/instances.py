@@ -59,4 +59,10 @@ def representatives(templates: Templates) -> dict[int, int]:
     return rep
 
 
-__all__ = ["Template", "Templates", "group_instances", "representatives"]
+def locate_rank(templates: Templates, rank: int) -> tuple[int, int, int]:
+    """``(template, slot, instance index)`` of rollout rank ``rank``; ``(-1, -1, -1)`` if none holds it."""
+    return next(((g, l, i) for g, t in enumerate(templates) for i, ranks in enumerate(t.ranks)
+                 for l, r in enumerate(ranks) if r == rank), (-1, -1, -1))
+
+
+__all__ = ["Template", "Templates", "group_instances", "locate_rank", "representatives"]
