@@ -30,6 +30,7 @@ rm -rf "$SITE/sgl_kernel"
 cp -r "$REPO/.ci/sglang_cpu_shim/sgl_kernel" "$SITE/sgl_kernel"
 cp "$REPO/.ci/sglang_cpu_shim/wb_torchvision_cpu_shim.py" "$SITE/"
 echo "import wb_torchvision_cpu_shim; wb_torchvision_cpu_shim.install()" > "$SITE/wb_torchvision_cpu_shim.pth"
+compile_env "$VENV/bin/python" "$REPO/weightbridge"
 "$VENV/bin/python" - <<'PY'
 import torch
 assert torch.__version__ == "2.13.0+cpu", f"something replaced torch: {torch.__version__}"
