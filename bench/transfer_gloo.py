@@ -17,6 +17,8 @@ barriers (best of ``--iters``), every rollout tensor verified bitwise after each
 
 Prints the three times, the ratios b/a and a/c, the bytes each method moved, and the cost of
 ``sync.checksums`` (on by default): (a) inline with and without checksums, alternating, as a ratio.
+(a) inline and (c) also alternate run by run (best of ``--iters`` each), so a/c compares runs from
+the same stretch of time on this shared machine; (a) uses the library's chunk size (64 MiB).
 
     python bench/transfer_gloo.py                   # ~230 MB bf16 model, 2 -> 2 x 2 ranks
     python bench/transfer_gloo.py --layers 4 --json # smaller, JSON out
@@ -120,51 +122,72 @@ def worker(cfg: dict) -> dict:
             for t in local.values():
                 t.fill_(FILL)
 
-    def timed(name: str, fn) -> None:
-        best = None
-        for _ in range(cfg["iters"]):
-            reset()
-            _barrier(pg)
-            t0 = time.perf_counter()
-            nbytes = fn()
-            _barrier(pg)
-            dt = time.perf_counter() - t0
-            best = dt if best is None else min(best, dt)
-            if side == "rollout" and name != "raw":
-                bad = diff_tensors(local, want)
-                out["verified"][name] = out["verified"].get(name, True) and not bad
-        out["times"][name] = best
+    def once(name: str, fn) -> float:
+        reset()
+        _barrier(pg)
+        t0 = time.perf_counter()
+        nbytes = fn()
+        _barrier(pg)
+        dt = time.perf_counter() - t0
+        if side == "rollout" and name != "raw":
+            bad = diff_tensors(local, want)
+            out["verified"][name] = out["verified"].get(name, True) and not bad
+        out["times"][name] = min(out["times"].get(name, dt), dt)
         out["bytes"][name] = nbytes
+        return dt
 
-    # (a) weightbridge, with and without pack/unpack overlap (no checksums), then inline with
-    # checksums (sync.checksums, the default: CRC-32 per bucket on CPU wire buffers). The two
-    # inline runs alternate per iteration so that machine noise hits both alike.
-    for overlap in ("inline", "thread", "off"):
-        ex = Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"),
-                      chunk_bytes=cfg["chunk_bytes"], overlap=overlap, checksums=False, **cfg["direct"])
+    def timed(name: str, fn) -> None:
+        for _ in range(cfg["iters"]):
+            once(name, fn)
 
-        def run_wb(ex=ex) -> int:
-            st = ex.run(local)
-            out.setdefault("wb_stats", {})[ex.overlap] = st.to_json()
-            return st.bytes_received  # per rank; summed by the parent
+    def alternating(runs: dict) -> None:
+        """Each of ``runs`` once per iteration, the order reversed every other iteration, so that the
+        machine's noise (6 processes on 2 shared cores) hits them alike: their ratio is read from one
+        stretch of time, not from runs a minute apart."""
+        names = list(runs)
+        for it in range(cfg["iters"]):
+            for name in (names if it % 2 == 0 else names[::-1]):
+                once(name, runs[name])
 
-        timed(f"weightbridge_{overlap}", run_wb)
+    # (c) raw P2P bound: one pre-packed buffer per (sender, receiver) pair, all in one batch.
+    pair_bytes: dict = {}
+    for _, b in plan.buckets():
+        src = b.sender if b.src_side == "trainer" else S + b.sender
+        key = (src, S + b.receiver)
+        pair_bytes[key] = pair_bytes.get(key, 0) + b.nbytes
+    sends = {dst: torch.ones(n, dtype=torch.uint8) for (src, dst), n in pair_bytes.items() if src == me}
+    recvs = {src: torch.empty(n, dtype=torch.uint8) for (src, dst), n in pair_bytes.items() if dst == me}
+
+    def raw() -> int:
+        works = [pg.send([t], dst, 0) for dst, t in sends.items()] + [pg.recv([t], src, 0) for src, t in recvs.items()]
+        for w in works:
+            w.wait(datetime.timedelta(seconds=timeout_s))
+        return sum(t.numel() for t in recvs.values())
+
+    # (a) weightbridge: inline (the default) alternating with (c), then thread and off; then inline
+    # with and without checksums (sync.checksums, the default: CRC-32 per bucket on CPU wire
+    # buffers), alternating too.
+    def executor(overlap: str, checksums: bool = False) -> Executor:
+        return Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"), chunk_bytes=cfg["chunk_bytes"],
+                        overlap=overlap, checksums=checksums, **cfg["direct"])
+
+    def run_wb(ex: Executor) -> int:
+        st = ex.run(local)
+        out.setdefault("wb_stats", {})[ex.overlap] = st.to_json()
+        return st.bytes_received  # per rank; summed by the parent
+
+    ex = executor("inline")
+    alternating({"weightbridge_inline": lambda: run_wb(ex), "raw": raw})
+    ex.release_buffers()
+    for overlap in ("thread", "off"):
+        ex = executor(overlap)
+        timed(f"weightbridge_{overlap}", lambda ex=ex: run_wb(ex))
         ex.release_buffers()
-    pair = {ck: Executor(plan, group, side=side, rank=rank, device=torch.device("cpu"), chunk_bytes=cfg["chunk_bytes"],
-                         overlap="inline", checksums=ck, **cfg["direct"]) for ck in (False, True)}
-    for it in range(cfg["iters"]):
-        for ck in ((False, True) if it % 2 == 0 else (True, False)):
-            saved, cfg["iters"] = cfg["iters"], 1
-            timed(f"wb_pair_{'on' if ck else 'off'}_{it}", lambda ck=ck: pair[ck].run(local).bytes_received)
-            cfg["iters"] = saved
-    for ck in (False, True):
-        name = "on" if ck else "off"
-        out["times"][f"checksums_{name}"] = min(out["times"].pop(f"wb_pair_{name}_{i}") for i in range(cfg["iters"]))
-        out["verified"][f"checksums_{name}"] = all(out["verified"].pop(f"wb_pair_{name}_{i}", True)
-                                                   for i in range(cfg["iters"]))
-        for i in range(cfg["iters"]):
-            out["bytes"].pop(f"wb_pair_{name}_{i}", None)
-        pair[ck].release_buffers()
+    pair = {ck: executor("inline", ck) for ck in (False, True)}
+    alternating({f"checksums_{'on' if ck else 'off'}": (lambda ck=ck: pair[ck].run(local).bytes_received)
+                 for ck in (False, True)})
+    for ex in pair.values():
+        ex.release_buffers()
 
     # (b) gather-then-broadcast.
     tlayouts = r.trainer.ranks
@@ -219,22 +242,6 @@ def worker(cfg: dict) -> dict:
 
     timed("gather_broadcast", gather_broadcast)
 
-    # (c) raw P2P bound: one pre-packed buffer per (sender, receiver) pair, all in one batch.
-    pair_bytes: dict = {}
-    for _, b in plan.buckets():
-        src = b.sender if b.src_side == "trainer" else S + b.sender
-        key = (src, S + b.receiver)
-        pair_bytes[key] = pair_bytes.get(key, 0) + b.nbytes
-    sends = {dst: torch.ones(n, dtype=torch.uint8) for (src, dst), n in pair_bytes.items() if src == me}
-    recvs = {src: torch.empty(n, dtype=torch.uint8) for (src, dst), n in pair_bytes.items() if dst == me}
-
-    def raw() -> int:
-        works = [pg.send([t], dst, 0) for dst, t in sends.items()] + [pg.recv([t], src, 0) for src, t in recvs.items()]
-        for w in works:
-            w.wait(datetime.timedelta(seconds=timeout_s))
-        return sum(t.numel() for t in recvs.values())
-
-    timed("raw", raw)
     _barrier(pg)
     group.close()
     return out
@@ -274,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--rollout-tp", type=int, default=2)
     ap.add_argument("--round-mib", type=int, default=64)
-    ap.add_argument("--chunk-mib", type=int, default=16)
+    ap.add_argument("--chunk-mib", type=int, default=64, help="P2P chunk size (default: the Executor's, 64 MiB)")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--direct-kib", type=int, default=None,
                     help="items of at least this size move as messages of their own (default: the library's)")
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {res['model_bytes'] / mb:.1f} MB bf16 | trainer Megatron TP{args.trainer_tp} -> "
               f"{args.instances} x vLLM TP{args.rollout_tp} | {S + R} processes on {os.cpu_count()} CPUs, Gloo loopback")
         print(f"plan: {plan.num_rounds} rounds of <= {args.round_mib} MiB, receiver_dedup={plan.receiver_dedup}; "
-              f"best of {args.iters}, slowest rank")
+              f"best of {args.iters}, slowest rank; (a) and (c) alternate run by run")
         print(f"{'method':<34}{'seconds':>9}{'MB moved':>10}{'GB/s':>7}  verified")
         rows = [("(a) weightbridge (overlap=inline)", a, moved["weightbridge"], verified["weightbridge_inline"]),
                 ("    weightbridge (overlap=thread)", tw["thread"], moved["weightbridge"], verified["weightbridge_thread"]),
