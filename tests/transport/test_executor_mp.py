@@ -168,6 +168,28 @@ def test_large_items_move_as_their_own_messages_zero_copy_where_contiguous(overl
     assert sum(o["stats"]["zero_copy_bytes_sent"] + o["stats"]["zero_copy_bytes_received"] for o in outs) == 0
 
 
+@pytest.mark.parametrize("overlap", ["inline", "off", "thread"])
+def test_a_round_not_packed_ahead_sends_its_large_items_while_it_packs_the_small_ones(overlap: str) -> None:
+    """One round (nothing to pack ahead of): a trainer issues every direct message, then packs the
+    small items and the checksum trailers, then sends the packed messages; bitwise, checksums on.
+    With ``overlap="thread"`` the worker thread packs the whole round first (no split)."""
+    plan, results, _ = run_transfer(FSDP2_DP2TP2_TO_VLLM_TP2, direct_bytes=1024, checksums=True, updates=2,
+                                    overlap=overlap, round_bytes=1 << 30, trace_order=True)
+    assert plan.num_rounds == 1
+    outs = assert_bitwise(plan, results, checksums=True)
+    for o in outs:
+        if o["side"] != "trainer":
+            continue
+        kinds = [e[0] for e in o["events"]]
+        if overlap == "thread":
+            assert kinds == ["start", "start"] and all(e[3] == 0 for e in o["events"]), o["events"]
+            continue
+        assert kinds == ["start", "pack_small", "release"] * 2, o["events"]  # two updates
+        start, _, release = o["events"][:3]
+        assert start[2] > 0 and start[3] > 0, start  # direct sends on the wire, packed sends held back
+        assert release[2] == start[2] + start[3] and release[3] == 0, (start, release)
+
+
 def test_direct_messages_with_casts_exchanges_and_chunks() -> None:
     """fp32 -> bf16 (the sender packs every direct item: its dtype is not the wire's), receiver
     de-replication (exchange sends from received tensors), chunks smaller than the messages."""

@@ -78,6 +78,8 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     out: dict[str, Any] = {"side": side, "rank": rank}
+    if cfg.get("trace_order"):
+        out["events"] = _trace_order()
     t0 = time.monotonic()
     try:
         dst = empty_like_layout(layout, fill=FILL) if side == "rollout" else None
@@ -157,3 +159,29 @@ def group_member(port: int, rank: int, world: int, timeout_s: float, victim: int
         return {"ok": True, "s": time.monotonic() - t0}
     except Exception as exc:  # noqa: BLE001 - reported to the test
         return {"ok": False, "type": type(exc).__name__, "msg": str(exc)[:300], "s": time.monotonic() - t0}
+
+
+def _trace_order() -> list:
+    """Record, in this process, each round's ``RoundComm.start`` (ops issued, packed sends held back),
+    ``RoundPipeline.pack_small`` and ``RoundComm.release``, in the order they happen."""
+    from weightbridge.transport import comm as wc
+    from weightbridge.transport import pipeline as wp
+
+    events: list = []
+    start, release, pack_small = wc.RoundComm.start, wc.RoundComm.release, wp.RoundPipeline.pack_small
+
+    def traced_start(self, hold_packed_sends: bool = False) -> None:
+        start(self, hold_packed_sends)
+        events.append(("start", self.round_index, self.issued, len(self.held)))
+
+    def traced_release(self) -> None:
+        release(self)
+        events.append(("release", self.round_index, self.issued, len(self.held)))
+
+    def traced_pack_small(self, i: int, transfers: list) -> None:
+        events.append(("pack_small", self.ex.my_rounds[i][0], None, None))
+        pack_small(self, i, transfers)
+
+    wc.RoundComm.start, wc.RoundComm.release = traced_start, traced_release
+    wp.RoundPipeline.pack_small = traced_pack_small
+    return events

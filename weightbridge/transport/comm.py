@@ -1,9 +1,10 @@
 """The P2P traffic of one round of one rank: messages cut into chunks, issued in waves, waited for.
 
 A round's :class:`~weightbridge.transport.wire.Transfer` s (one per bucket this rank sends or
-receives) each move as one or more *messages* (``Transfer.messages``: the packed message, then one
-per direct item, :mod:`weightbridge.transport.wire`), and every message is cut into chunks of
-``chunk_bytes`` (:func:`~weightbridge.transport.wire.chunk_bounds`: both ends cut identically).
+receives) each move as one or more *messages* (one per direct item, and the packed message:
+:mod:`weightbridge.transport.wire`); the round orders them every transfer's direct messages first,
+then every packed message, and cuts each into chunks of ``chunk_bytes``
+(:func:`~weightbridge.transport.wire.chunk_bounds`: both ends cut identically).
 
 Waves (:meth:`RoundComm.start` issues the first, :meth:`RoundComm.finish` waits for it and runs
 the rest):
@@ -42,17 +43,25 @@ class RoundComm:
         self.ex = ex
         self.round_index = round_index
         self.coalesce = ex.group.backend == "nccl"
-        # (transfer, message buffer, its chunk cuts) in a fixed order: transfers, then their messages
+        # (transfer, message buffer, its chunk cuts) in a fixed order: every transfer's direct
+        # messages, then every transfer's packed message (the first ``direct`` entries are direct)
         self.messages: list[tuple[Transfer, torch.Tensor, list[tuple[int, int]]]] = []
-        for tr in transfers:
-            if ex.delta != "off":
+        self.direct = 0
+        if ex.delta != "off":
+            for tr in transfers:
                 self.messages.append((tr, wire_buffer(tr, ex.group, round_index), self._delta_cuts(tr)))
-            else:
-                for buf in tr.messages:
+        else:
+            for tr in transfers:
+                for buf in tr.direct:
                     self.messages.append((tr, buf, chunk_bounds(buf.numel(), ex.chunk_bytes)))
+            self.direct = len(self.messages)
+            for tr in transfers:
+                if tr.packed_msg is not None:
+                    self.messages.append((tr, tr.packed_msg, chunk_bounds(tr.packed_msg.numel(), ex.chunk_bytes)))
         self.waves = max((len(c) for _, _, c in self.messages), default=0)
         self.wave = 0
         self.works: list = []
+        self.held: list[tuple[Transfer, torch.Tensor, int, int]] = []  # see start(hold_packed_sends=True)
         self.issued = self.sent = self.received = 0
 
     # -- waves --------------------------------------------------------------
@@ -64,9 +73,26 @@ class RoundComm:
         first = 1 if self.ex.delta != "off" else 0
         return [(tr, buf, lo, hi) for tr, buf, cut in self.messages for lo, hi in cut[first:]]
 
-    def start(self) -> None:
-        """Issue the first wave (Gloo without deltas: everything)."""
-        self._issue(0)
+    def start(self, hold_packed_sends: bool = False) -> None:
+        """Issue the first wave (Gloo without deltas: everything). ``hold_packed_sends`` (Gloo without
+        deltas): all but the sends of packed messages, which :meth:`release` issues once they are
+        packed; they follow every direct message in each pair's order, so holding them back keeps
+        the order both ends post in."""
+        if not hold_packed_sends:
+            self._issue(0)
+            return
+        if self.coalesce or self.ex.delta != "off":
+            raise ValueError("hold_packed_sends needs Gloo without deltas (one wave)")
+        ops = []
+        for m, (tr, buf, cut) in enumerate(self.messages):
+            for lo, hi in cut:
+                (self.held if tr.send and m >= self.direct else ops).append((tr, buf, lo, hi))
+        self._issue(0, ops)
+
+    def release(self) -> None:
+        """Issue the packed sends :meth:`start` held back."""
+        held, self.held = self.held, []
+        self._issue(0, held)
 
     def finish(self) -> None:
         """Wait for the issued wave, then issue and wait for the rest."""
@@ -86,8 +112,8 @@ class RoundComm:
                 return
             self._issue(self.wave)
 
-    def _issue(self, k: int) -> None:
-        ops = self._wave_ops(k)
+    def _issue(self, k: int, ops: list[tuple[Transfer, torch.Tensor, int, int]] | None = None) -> None:
+        ops = self._wave_ops(k) if ops is None else ops
         if not ops:
             return
         ex = self.ex

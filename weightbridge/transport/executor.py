@@ -17,11 +17,13 @@ are :class:`~weightbridge.transport.pipeline.RoundPipeline`'s methods):
 
 1. *pre*: one contiguous ``uint8`` wire buffer per bucket, sliced from the round's slab (the
    bucket's bytes, plus an 8-byte checksum trailer with ``checksums=True``). A bucket moves as
-   messages (:func:`~weightbridge.transport.wire.split_items`): its items smaller than
-   ``direct_bytes`` packed back to back (:func:`~weightbridge.tensors.pack_items`: strided box
-   copies, cast to the wire dtype) with the trailer, then each larger item as a message of its own,
-   sent from / received into the tensor itself when its box is contiguous there at the wire dtype
-   (zero-copy), else through the bucket's buffer;
+   messages (:func:`~weightbridge.transport.wire.split_items`): each item of at least
+   ``direct_bytes`` as a message of its own, sent from / received into the tensor itself when its
+   box is contiguous there at the wire dtype (zero-copy), else through the bucket's buffer; the
+   smaller items packed back to back (:func:`~weightbridge.tensors.pack_items`: strided box copies,
+   cast to the wire dtype) with the trailer, as one message after every direct message of the round
+   (a round not packed ahead sends its direct messages while it packs the small items:
+   :mod:`~weightbridge.transport.pipeline`);
 2. *comm* (:class:`~weightbridge.transport.comm.RoundComm`): every message is cut into chunks of
    ``chunk_bytes`` (a pure function of the message size, so both ends of a pair cut identically).
    Gloo: every chunk of the round is issued at once (several in flight per pair), then waited for

@@ -16,6 +16,15 @@ worker runs them in that order). A *dependent* round (a rollout rank's exchange 
 earlier rounds received) is packed only after the previous ``post``. Without overlap (one slab):
 ``pre(i) -> start(i) -> finish(i) -> post(i)``.
 
+A round not packed ahead (the first, one after a dependent round, every round without overlap) on
+Gloo without deltas, packed on the calling thread, splits ``pre`` around the wire:
+``pre(i, defer_small=True)`` (wire buffers, direct messages: zero-copy views or packed large items)
+-> ``start(i, hold_packed_sends=True)`` (every receive and direct send) -> ``pack_small(i)`` (the
+small items and the checksum trailers) -> ``release()`` (the packed sends). A round's direct messages
+precede its packed ones on every pair, so the large items move while the small ones are packed: with
+one round (the default ``round_bytes`` of 1 GiB holds a small model's update) the whole pack was
+otherwise spent before the first byte moved.
+
 Tried and not kept (2026-12-03): two rounds on the wire at once (round ``i + 1`` started before
 round ``i`` finished). ``bench/transfer_gloo.py`` showed no gain (0.115-0.118 s either way), and
 after a failed round a bystander rank heard of the failure only at its deadline instead of at once
@@ -135,19 +144,33 @@ class RoundPipeline:
         """Every round of the rank, in plan order (module docstring); frees the worker (and the
         slabs unless kept)."""
         ex, stats = self.ex, self.stats
+        # A round not packed ahead (the first; each after a dependent round; all without overlap)
+        # puts its direct messages on the wire first and packs its small items meanwhile. Gloo
+        # without deltas, packing on this thread: NCCL's waves are symmetric batches of every
+        # message, a delta's length is known only once it is encoded.
+        split = ex.delta == "off" and ex.group.backend != "nccl" and isinstance(self.worker, _Inline)
         try:
-            pending = self.worker.submit(self.pre, 0) if self.n else None
+            pending = self.worker.submit(self.pre, 0) if self.n and not split else None
             held: tuple[int, list[Transfer]] | None = None  # finished, unpacked once the next round is on the wire
             for i in range(self.n):
-                if pending is None:
-                    raise ProtocolError(ex.group.describe_rank(ex.me), f"round {ex.my_rounds[i][0]} was never packed")
-                tw = time.perf_counter()
-                transfers = pending.result()
-                stats.wait_seconds += time.perf_counter() - tw
+                if pending is None and split:
+                    transfers = self.pre(i, defer_small=True)
+                    comm = RoundComm(ex, ex.my_rounds[i][0], transfers)
+                    t0 = time.perf_counter()
+                    comm.start(hold_packed_sends=True)
+                    self.pack_small(i, transfers)
+                    comm.release()
+                else:
+                    if pending is None:
+                        raise ProtocolError(ex.group.describe_rank(ex.me),
+                                            f"round {ex.my_rounds[i][0]} was never packed")
+                    tw = time.perf_counter()
+                    transfers = pending.result()
+                    stats.wait_seconds += time.perf_counter() - tw
+                    comm = RoundComm(ex, ex.my_rounds[i][0], transfers)
+                    t0 = time.perf_counter()
+                    comm.start()
                 pending = None
-                comm = RoundComm(ex, ex.my_rounds[i][0], transfers)
-                t0 = time.perf_counter()
-                comm.start()
                 if held is not None:  # unpack the previous round while this one moves
                     self.post_async(*held)
                     held = None
@@ -164,7 +187,8 @@ class RoundPipeline:
                     self.post_async(i, transfers)
                     if i + 1 < self.n:
                         self.last_post.result()  # type: ignore[union-attr]
-                        pending = self.worker.submit(self.pre, i + 1)
+                        if not split:  # else packed at the top of the loop, around the wire
+                            pending = self.worker.submit(self.pre, i + 1)
             if held is not None:
                 self.post_async(*held)
             if self.last_post is not None:
@@ -196,8 +220,9 @@ class RoundPipeline:
             self.last_post.result()
         self.last_post = self.worker.submit(self.post, i, transfers)
 
-    def pre(self, i: int) -> list[Transfer]:
-        """Round ``i``'s wire buffers (slices of its slab) and messages; the sends packed and checksummed."""
+    def pre(self, i: int, *, defer_small: bool = False) -> list[Transfer]:
+        """Round ``i``'s wire buffers (slices of its slab) and messages; the sends packed and checksummed
+        (``defer_small``: all but the small items and the trailer, which :meth:`pack_small` adds)."""
         ex = self.ex
         ridx, sends, recvs = ex.my_rounds[i]
         ts = time.perf_counter()
@@ -216,7 +241,10 @@ class RoundPipeline:
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
-                self.messages(ridx, tr, self.source)
+                self.messages(ridx, tr, self.source, pack_small=not defer_small)
+                if defer_small:
+                    out.append(tr)
+                    continue
                 end = tr.packed
                 if ex.checksums:
                     write_trailer(tr.buf, end, self.checksum(tr))
@@ -231,20 +259,43 @@ class RoundPipeline:
             self.stats.pack_seconds += time.perf_counter() - ts
         return out
 
-    def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
-        """Cut a bucket into its messages (:meth:`Executor.split`): the packed items (packed now when
-        sending), then each direct item as a view of the tensor itself when its box is one there, else
-        as a region of the bucket's buffer (packed now, or unpacked in ``post``)."""
+    def pack_small(self, i: int, transfers: list[Transfer]) -> None:
+        """Finish what ``pre(i, defer_small=True)`` left: pack each send's small items, write its
+        checksum trailer. Runs while the round's direct messages are on the wire."""
+        ex = self.ex
+        ridx = ex.my_rounds[i][0]
+        ts = time.perf_counter()
+        for tr in transfers:
+            if not tr.send:
+                continue
+            packed, _, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
+            buf = wire_buffer(tr, ex.group, ridx)
+            if packed:
+                pack_items(packed, self.source, buf)
+            if ex.checksums:
+                write_trailer(buf, n, self.checksum(tr))
+            ex._after_pack(ridx, tr.peer, buf[: n + ex.trailer])
+        with self.lock:
+            self.stats.pack_seconds += time.perf_counter() - ts
+
+    def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None, *,
+                 pack_small: bool = True) -> None:
+        """Cut a bucket into its messages (:meth:`Executor.split`): each direct item as a view of the
+        tensor itself when its box is one there, else as a region of the bucket's buffer (packed now,
+        or unpacked in ``post``); and the packed message of the small items (packed now when sending,
+        unless ``pack_small`` is false: then :meth:`pack_small` packs them before it is sent)."""
         ex, buf, tensors = self.ex, wire_buffer(tr, self.ex.group, ridx), tensors or {}
         packed, direct, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
         tr.packed = n
         if packed:
             if tr.send:
-                pack_items(packed, tensors, buf)
+                if pack_small:
+                    pack_items(packed, tensors, buf)
             else:
                 tr.unpack.append((packed, 0))
         off = n + ex.trailer
-        tr.messages = [buf[:off]] if off else []
+        tr.packed_msg = buf[:off] if off else None
+        tr.direct = []
         zero_copy = 0
         for it in direct:
             name, box, transpose = ((it.src_tensor, it.src_box, it.src_transpose) if tr.send
@@ -258,7 +309,7 @@ class RoundPipeline:
                     tr.unpack.append(((it,), off))
             else:
                 zero_copy += it.nbytes
-            tr.messages.append(view)
+            tr.direct.append(view)
             off += it.nbytes
         if zero_copy:
             with self.lock:
@@ -270,10 +321,7 @@ class RoundPipeline:
     def checksum(self, tr: Transfer) -> int:
         """The bucket's trailer value over what its messages carry (packed part, then direct items)."""
         buf = wire_buffer(tr, self.ex.group, -1)
-        parts = [checksum(buf[: tr.packed])]
-        if len(tr.messages) > 1:
-            parts += [checksum(m) for m in tr.messages[1:]]
-        return combine_checksums(parts)
+        return combine_checksums([checksum(buf[: tr.packed])] + [checksum(m) for m in tr.direct])
 
     def post(self, i: int, transfers: list[Transfer]) -> None:
         """Verify and unpack round ``i``'s receives into the target; release the round's buffers."""
@@ -303,7 +351,8 @@ class RoundPipeline:
         finally:
             for tr in transfers:
                 tr.buf = None
-                tr.messages = []
+                tr.direct = []
+                tr.packed_msg = None
             transfers.clear()
             with self.lock:
                 self.stats.unpack_seconds += time.perf_counter() - ts

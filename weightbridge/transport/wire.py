@@ -38,13 +38,17 @@ class Transfer:
     """One bucket of one round seen from this rank: a wire buffer to send or to receive.
 
     ``buf`` is the bucket's region of the round's slab (its capacity: every byte the bucket may
-    need); ``messages`` the buffers that actually cross the wire, in wire order (see
-    :func:`split_items`): the packed message (a prefix of ``buf``), then one per direct item, each
-    either a view of the tensor itself (zero-copy) or a region of ``buf``. ``unpack`` lists what
-    ``post`` still copies out of ``buf``: ``(items, offset)`` runs.
+    need). The buffers that cross the wire (see :func:`split_items`): ``direct``, one per direct
+    item, each either a view of the tensor itself (zero-copy) or a region of ``buf``; and
+    ``packed_msg``, the packed items and the checksum trailer (a prefix of ``buf``; ``None`` when
+    empty). A round sends every direct message of its transfers before any packed one
+    (:class:`~weightbridge.transport.comm.RoundComm`), so a sender can put the large items on the
+    wire before it has packed the small ones. ``unpack`` lists what ``post`` still copies out of
+    ``buf``: ``(items, offset)`` runs.
     """
 
-    __slots__ = ("bucket", "peer", "send", "buf", "nbytes", "length", "header", "messages", "unpack", "packed")
+    __slots__ = ("bucket", "peer", "send", "buf", "nbytes", "length", "header", "direct", "packed_msg", "unpack",
+                 "packed")
 
     def __init__(self, bucket: Bucket, peer: int, send: bool, nbytes: int) -> None:
         self.bucket = bucket
@@ -54,7 +58,8 @@ class Transfer:
         self.length = nbytes  # bytes of the message (sync.delta: known at pack time / from the header)
         self.header: Any = None  # sync.delta, receiving: the message's header, read after the first chunk
         self.buf: torch.Tensor | None = None
-        self.messages: list[torch.Tensor] = []
+        self.direct: list[torch.Tensor] = []
+        self.packed_msg: torch.Tensor | None = None
         self.unpack: list[tuple[tuple, int]] = []
         self.packed = 0  # bytes of the packed items (the checksum trailer follows them in buf)
 
