@@ -193,3 +193,18 @@ def test_the_store_command_refuses_a_bad_port_and_a_taken_one(capsys) -> None:
     assert main(["store", "--host", HOST, "--port", str(taken.port)]) == 2
     err = capsys.readouterr().err
     assert "weightbridge store:" in err and "Traceback" not in err
+
+
+def test_a_connection_attempt_keeps_to_its_wall_time() -> None:
+    """Where nothing listens, torch's ``TCPStore`` client constructor overran its own 1 s timeout
+    (1.2-2.1 s measured: it retries after a backoff), so one reconnect attempt broke the deadline
+    (CI: 3.3 s for a 1 s attempt). Each attempt here must end within its second, every time."""
+    port = _free_port()
+    took = []
+    for _ in range(4):
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnreachable) as info:
+            connect_store(HOST, port, timeout_s=1.0, who="rollout 3")
+        took.append(time.monotonic() - t0)
+        assert info.value.rank == "rollout 3" and info.value.address == f"{HOST}:{port}"
+    assert max(took) < 1.0 + 0.35, took

@@ -32,6 +32,7 @@ with ``from_spec`` (the rollouts keep serving the version they hold; the next pu
 from __future__ import annotations
 
 import datetime
+import socket
 import time
 import uuid
 from typing import Any
@@ -51,6 +52,17 @@ _RETRIED = ("get", "check", "set", "add", "delete_key")
 
 def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistNetworkError)
+
+
+def _probe(host: str, port: int, timeout_s: float) -> None:
+    """One plain TCP connect to ``host:port`` within ``timeout_s`` (``OSError`` when nothing listens).
+
+    Why: ``TCPStore``'s client constructor retries with backoff and overran its own timeout by
+    seconds when nothing listened (3.3 s for 1 s, seen in CI), so a reconnect would break the
+    deadline it promises. A refused or silent port is found here, within the wall time asked for;
+    only a listening store is handed to the constructor."""
+    with socket.create_connection((host, port), timeout=max(timeout_s, 0.001)):
+        pass
 
 
 class ReconnectingStore:
@@ -97,6 +109,7 @@ class ReconnectingStore:
                 why = f" (last error: {type(last).__name__}: {str(last).splitlines()[0][:200]})" if last else ""
                 raise self._unreachable(f"no connection within {self.timeout_s:g}s{why}") from last
             try:
+                _probe(self.host, self.port, min(remaining, ATTEMPT_S))
                 client = open_store(self.host, self.port, is_master=False, timeout_s=min(remaining, ATTEMPT_S))
                 client.set_timeout(datetime.timedelta(seconds=self.timeout_s))
                 return client
