@@ -241,58 +241,53 @@ class RoundPipeline:
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
-                self.messages(ridx, tr, self.source, pack_small=not defer_small)
-                if defer_small:
-                    out.append(tr)
-                    continue
-                end = tr.packed
-                if ex.checksums:
-                    write_trailer(tr.buf, end, self.checksum(tr))
+                self.messages(ridx, tr, self.source)
+                if not defer_small:
+                    self.finish_send(ridx, tr)
             else:
                 end = self.encode(ridx, b, tr.buf)
                 tr.length = end + ex.trailer
                 if ex.checksums:
                     write_trailer(tr.buf, end, checksum(tr.buf[:end]))
-            ex._after_pack(ridx, tr.peer, tr.buf[: end + ex.trailer])
+                ex._after_pack(ridx, tr.peer, tr.buf[: end + ex.trailer])
             out.append(tr)
         with self.lock:
             self.stats.pack_seconds += time.perf_counter() - ts
         return out
 
     def pack_small(self, i: int, transfers: list[Transfer]) -> None:
-        """Finish what ``pre(i, defer_small=True)`` left: pack each send's small items, write its
-        checksum trailer. Runs while the round's direct messages are on the wire."""
-        ex = self.ex
-        ridx = ex.my_rounds[i][0]
+        """Finish what ``pre(i, defer_small=True)`` left of each send (:meth:`finish_send`). Runs
+        while the round's direct messages are on the wire."""
+        ridx = self.ex.my_rounds[i][0]
         ts = time.perf_counter()
         for tr in transfers:
-            if not tr.send:
-                continue
-            packed, _, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
-            buf = wire_buffer(tr, ex.group, ridx)
-            if packed:
-                pack_items(packed, self.source, buf)
-            if ex.checksums:
-                write_trailer(buf, n, self.checksum(tr))
-            ex._after_pack(ridx, tr.peer, buf[: n + ex.trailer])
+            if tr.send:
+                self.finish_send(ridx, tr)
         with self.lock:
             self.stats.pack_seconds += time.perf_counter() - ts
 
-    def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None, *,
-                 pack_small: bool = True) -> None:
+    def finish_send(self, ridx: int, tr: Transfer) -> None:
+        """Pack a send's small items into its packed message and write its checksum trailer (after
+        :meth:`messages` cut it; delta off)."""
+        ex = self.ex
+        packed, _, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
+        buf = wire_buffer(tr, ex.group, ridx)
+        if packed:
+            pack_items(packed, self.source, buf)
+        if ex.checksums:
+            write_trailer(buf, n, self.checksum(tr))
+        ex._after_pack(ridx, tr.peer, buf[: n + ex.trailer])
+
+    def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
         """Cut a bucket into its messages (:meth:`Executor.split`): each direct item as a view of the
         tensor itself when its box is one there, else as a region of the bucket's buffer (packed now,
-        or unpacked in ``post``); and the packed message of the small items (packed now when sending,
-        unless ``pack_small`` is false: then :meth:`pack_small` packs them before it is sent)."""
+        or unpacked in ``post``); and the packed message of the small items (a send's is packed later,
+        by :meth:`finish_send`; a receive's is unpacked in ``post``)."""
         ex, buf, tensors = self.ex, wire_buffer(tr, self.ex.group, ridx), tensors or {}
         packed, direct, n = ex.split(ex.bucket_key(ridx, tr.bucket), tr.bucket)
         tr.packed = n
-        if packed:
-            if tr.send:
-                if pack_small:
-                    pack_items(packed, tensors, buf)
-            else:
-                tr.unpack.append((packed, 0))
+        if packed and not tr.send:
+            tr.unpack.append((packed, 0))
         off = n + ex.trailer
         tr.packed_msg = buf[:off] if off else None
         tr.direct = []
