@@ -6,7 +6,8 @@ names, full (unsharded) shapes, stored dtypes, tied duplicates absent. A spec's
 turns it into a :class:`~weightbridge.layout.ir.CanonicalModel`.
 
 Importing this package is light: torch and transformers are imported only when
-a config has to be instantiated (and its result is not cached yet).
+a config has to be instantiated (and its result is not cached yet); a bundled
+config at its own dtype never needs them (its tensor list ships: bundled_tensors.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from weightbridge.canonical.errors import CanonicalSourceError
 from weightbridge.spec.errors import show
 from weightbridge.canonical.hf_config import from_hf_config
 from weightbridge.canonical.inline import from_inline
+from weightbridge.canonical.params import merge_params, params_from_config
 from weightbridge.canonical.safetensors_header import from_safetensors
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor
 
@@ -90,6 +92,9 @@ def _load(kind: str, value: Any, base_dir: Path, dtype: str | None, cache_dir: s
     if kind == "bundled":
         path = bundled_config_path(str(value))
         try:
+            shipped = _shipped(str(value), path, dtype)
+            if shipped is not None:
+                return shipped
             model = from_hf_config(path, dtype, cache_dir=cache_dir)
         except CanonicalSourceError as exc:
             raise CanonicalSourceError("bundled", f"{value}: {exc.message}", exc.hint) from exc
@@ -105,6 +110,20 @@ def _load(kind: str, value: Any, base_dir: Path, dtype: str | None, cache_dir: s
     beside = (path if path.is_dir() else path.parent) / "config.json"
     default = config_dtype(read_config(beside, "safetensors")[0]) if beside.is_file() else None
     return _override_dtype(model, dtype, default or _dominant_float_dtype(model))
+
+
+def _shipped(name: str, path: Path, dtype: str | None) -> CanonicalModel | None:
+    """Bundled model ``name`` from its shipped list (:mod:`weightbridge.canonical.bundled_tensors`: no
+    transformers, no cache) when one was computed for the dtype asked; else None."""
+    from weightbridge.canonical.bundled_tensors import shipped_tensors  # here: `python -m` of that module imports this
+
+    raw, _ = read_config(path, "bundled")
+    found = shipped_tensors(name, dtype or config_dtype(raw) or "float32")
+    if found is None:
+        return None
+    tensors, name_params = found
+    return CanonicalModel(tensors=tensors, params=merge_params(name_params, params_from_config(raw)),
+                          source=f"bundled:{name}")
 
 
 def _dominant_float_dtype(model: CanonicalModel) -> str | None:

@@ -15,7 +15,6 @@ in the frame of the local tensor being built.
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
@@ -23,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightbridge.layout.expr import ExprError, evaluate, evaluate_int
-from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, SideLayout
-from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
-from weightbridge.layout.rules import Rule
+from weightbridge.layout.ir import CanonicalModel, LocalTensor, Piece, RankLayout, SideLayout
 from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder
-from weightbridge.layout.templates import CanonicalPattern, NameIndex, TemplateError, fill
+from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
+from weightbridge.layout.model_facts import LAYER, model_facts
+from weightbridge.layout.rules import Rule
+from weightbridge.layout.templates import CanonicalPattern, Filler, TemplateError
 
 # Params every model has for rule expressions, when the canonical source says nothing.
 PARAM_DEFAULTS: dict[str, Any] = {
@@ -38,7 +38,6 @@ PARAM_DEFAULTS: dict[str, Any] = {
     "kv_lora_rank": 0,
     "tie_word_embeddings": False,
 }
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,12 @@ class _CompiledRule:
     bindings: list[Binding]
     by_layer: dict[int | None, list[Binding]] = field(default_factory=dict)  # each list sorted by expert
     experts: dict[int | None, list[int]] = field(default_factory=dict)  # parallel to by_layer, for bisect
+    axes: tuple[str, ...] = ()  # the mesh axes the rule's geometry depends on
+    local: Filler = field(init=False)
 
     def __post_init__(self) -> None:
+        self.axes = tuple(sorted({axis for axis, _ in rule_axes(self.rule)}))
+        self.local = Filler.of(self.rule.local)
         for b in self.bindings:
             self.by_layer.setdefault(b.layer, []).append(b)
         for layer, binds in self.by_layer.items():
@@ -98,19 +101,19 @@ class _Expander(TensorBuilder):
     def __init__(self, cfg: SideConfig, model: CanonicalModel) -> None:
         self.cfg = cfg
         self.model = model
-        self.index = NameIndex(t.name for t in model.tensors)
+        self.facts = facts = model_facts(model)
+        self.index = facts.index
         self.problems: list[ExpandProblem] = []
         self.sizes = cfg.family.sizes(cfg.mesh)
         self.names: dict[str, Any] = {**PARAM_DEFAULTS, **model.param_dict, **cfg.params, **self.sizes}
-        self.names.setdefault("num_layers", self._infer_num_layers())
+        self.names.setdefault("num_layers", facts.num_layers)
         self.compiled: list[_CompiledRule] = []
         self._int_cache: dict[str, int] = {}
+        self._geometry: dict[tuple, tuple] = {}  # see _build_shared
+        self._shape_keys: dict[int, tuple | None] = {}  # id(binding) -> its tensors' shapes and dtypes
+        self.clones: dict[int, LocalTensor] | None = None  # see expand_side
         self._dominant: str | None = None
-        self._all_layers: list[int | None] = [None, *sorted({l for t in model.tensors if (l := self._layer_of(t.name)) is not None})]
-
-    def _infer_num_layers(self) -> int:
-        layers = [int(m.group(1)) for t in self.model.tensors if (m := _LAYER.search(t.name))]
-        return max(layers) + 1 if layers else 0
+        self._all_layers: list[int | None] = facts.layers
 
     def problem(self, msg: str, hint: str = "", origin: Origin | None = None, axis: str = "", field: str = "") -> None:
         p = ExpandProblem(msg, hint, origin, axis, field)
@@ -165,7 +168,7 @@ class _Expander(TensorBuilder):
             consumed.update(rest)
 
     def _layer_of(self, name: str) -> int | None:
-        m = _LAYER.search(name)
+        m = LAYER.search(name)
         return int(m.group(1)) if m else None
 
     def _bind(self, rule: Rule) -> list[Binding]:
@@ -177,16 +180,10 @@ class _Expander(TensorBuilder):
             CanonicalPattern.compile(template)  # validates variables; existence is checked by name below
         stacked = rule.stack is not None
         groups: dict[tuple[tuple[str, int], ...], list[tuple[dict[str, int], list[str]]]] = defaultdict(list)
-        for _name, values in self.index.match(first):
+        matches = self.facts.matches(first, tuple(p.canonical for p in parts), tuple(rule.requires), tuple(rule.unless))
+        for values, names in matches:
             if stacked and "expert" not in values:
                 raise TemplateError(f"stacked rule {rule.local!r}: canonical template needs {{expert}}")
-            names = [fill(p.canonical, values) for p in parts]
-            if any(n not in self.index for n in names):
-                continue
-            if any(fill(t, values) not in self.index for t in rule.requires):
-                continue
-            if any(fill(t, values) in self.index for t in rule.unless):
-                continue
             key = tuple(sorted((k, v) for k, v in values.items() if not (stacked and k == "expert")))
             groups[key].append((values, names))
         out = []
@@ -228,6 +225,7 @@ class _Expander(TensorBuilder):
             except ExprError as exc:
                 self.problem(str(exc), origin=cr.origin)
                 continue
+            at = (id(cr), tuple(coords.get(a, 0) for a in cr.axes))  # the rank, as the rule's geometry sees it
             for layer in wanted_layers:
                 binds = cr.by_layer.get(layer)
                 if not binds:
@@ -238,7 +236,7 @@ class _Expander(TensorBuilder):
                 for b in binds:
                     if b.layer is None and pp > 1 and not self._on_stage(rule, b, stage, pp):
                         continue
-                    name, tensor = self._instantiate(cr, b, coords, layers, pp, expert_window)
+                    name, tensor = self._instantiate(cr, b, coords, at, layers, pp, expert_window)
                     if tensor is None:
                         continue
                     if name in out:
@@ -252,7 +250,8 @@ class _Expander(TensorBuilder):
         return tuple(out[k] for k in sorted(out))
 
     def _instantiate(
-        self, cr: _CompiledRule, b: Binding, coords: Mapping[str, int], layers: range, pp: int, expert_window: tuple[int, int] | None
+        self, cr: _CompiledRule, b: Binding, coords: Mapping[str, int], at: tuple, layers: range, pp: int,
+        expert_window: tuple[int, int] | None,
     ) -> tuple[str, LocalTensor | None]:
         values: dict[str, Any] = dict(b.values)
         if b.layer is not None:
@@ -261,13 +260,41 @@ class _Expander(TensorBuilder):
         if expert_window is not None:
             values["local_expert"] = values["expert"] - expert_window[0]
         try:
-            name = fill(cr.rule.local, values)
-            return name, self._build(cr.rule, b, coords, name)
+            name = cr.local(values)
+            return name, self._build_shared(cr, b, coords, at, name)
         except RuleProblem as exc:
             self.problem(exc.message, exc.hint, cr.origin, exc.axis, exc.field)
         except (ExprError, TemplateError) as exc:
             self.problem(str(exc), origin=cr.origin)
         return "", None
+
+    def _build_shared(self, cr: _CompiledRule, b: Binding, coords: Mapping[str, int], at: tuple,
+                      name: str) -> LocalTensor | None:
+        """:meth:`_build`, reusing an earlier result's geometry: a binding of the same rule at the same
+        coordinates (on the rule's axes) whose canonical tensors have the same shapes and dtypes
+        (every layer's ``q_proj``, every expert's gate/up pair on this rank) gets the same shape,
+        dtype and boxes; only the canonical names differ. Stacked rules, and bindings naming one
+        tensor twice, are built in full. ``at``: the rule and the rank's coordinates on its axes."""
+        names = b.names[0]
+        shapes = self._shape_keys.get(id(b), False)
+        if shapes is False:  # once per binding: the shapes and dtypes of its tensors, or None (not shared)
+            distinct = cr.rule.stack is None and len(set(names)) == len(names)
+            shapes = self._shape_keys[id(b)] = tuple(self.model[n][1:] for n in names) if distinct else None
+        if shapes is None:
+            return self._build(cr.rule, b, coords, name)
+        key = (at, shapes)
+        hit = self._geometry.get(key)
+        if hit is None:
+            t = self._build(cr.rule, b, coords, name)
+            if t is not None:
+                where = {n: i for i, n in enumerate(names)}
+                self._geometry[key] = (t.shape, t.dtype, tuple((where[p.canonical], *p[1:]) for p in t.pieces))
+            return t
+        shape, dtype, pieces = hit
+        t = LocalTensor(name, shape, dtype, tuple(Piece(names[i], cbox, lbox, tr) for i, cbox, lbox, tr in pieces))
+        if self.clones is not None:
+            self.clones[id(t)] = t
+        return t
 
     def _on_stage(self, rule: Rule, b: Binding, stage: int, pp: int) -> bool:
         where = rule.stage
@@ -282,9 +309,16 @@ class _Expander(TensorBuilder):
         return where == "all" or (where == "first" and stage == 0) or (where == "last" and stage == pp - 1)
 
 
-def expand_side(cfg: SideConfig, model: CanonicalModel) -> tuple[SideLayout, list[ExpandProblem]]:
-    """Expand one side into per-rank layouts; returns every problem found."""
+def expand_side(cfg: SideConfig, model: CanonicalModel,
+                clones: dict[int, LocalTensor] | None = None) -> tuple[SideLayout, list[ExpandProblem]]:
+    """Expand one side into per-rank layouts; returns every problem found.
+
+    ``clones``, when given, receives (by ``id``, kept alive there) every local tensor whose geometry
+    was copied from an earlier one (:meth:`_Expander._build_shared`): it tiles exactly when that one does, so a
+    tiling check may skip it while the others pass (:func:`weightbridge.spec.sides.side_pass`)."""
     ex = _Expander(cfg, model)
+    if clones is not None:
+        ex.clones = clones
     mesh_problems = cfg.family.check(cfg.mesh)
     for mp in mesh_problems:
         ex.problem(mp.message, mp.hint, axis=mp.axis)

@@ -130,19 +130,37 @@ class TensorBuilder:
             if not items:
                 return None
             shape, pieces = None, []
+            same: dict[tuple, tuple[tuple[int, ...], list[tuple]]] = {}
             for e, names in items:
-                item_shape, item_pieces = self._body(rule, names, coords, name)
+                item_shape, item_geometry = self._stack_item(rule, names, coords, name, same)
                 if shape is not None and item_shape != shape:
                     raise RuleProblem(f"{name}: experts have different shapes {shape} and {item_shape}")
                 shape = item_shape
                 i = e - first
-                pieces.extend(p._replace(local_box=((i, i + 1), *p.local_box)) for p in item_pieces)
+                pieces.extend(Piece(cname, cbox, ((i, i + 1), *lbox), tr) for cname, cbox, lbox, tr in item_geometry)
             shape = (stop - first, *shape)
         dtype = self._dtype(rule, b.names[0][0])
         tensor = LocalTensor(name, tuple(shape), dtype, tuple(pieces))
         if not any(p.pad for p in rule.parts()) and sum(p.numel for p in pieces) != tensor.numel:
             raise RuleProblem(f"{name}: pieces cover {sum(p.numel for p in pieces)} of {tensor.numel} elements")
         return tensor
+
+    def _stack_item(self, rule: Rule, names: list[str], coords: Mapping[str, int], local: str,
+                    same: dict[tuple, tuple[tuple[int, ...], list[tuple]]]) -> tuple[tuple[int, ...], list[tuple]]:
+        """One stacked expert's shape and pieces ``(canonical, canonical_box, local_box, transpose)``.
+        Experts whose canonical tensors have the same shapes and dtypes get the same boxes (``same``
+        holds them for one stacked tensor): built once, then only the names are filled in (a vLLM
+        rank stacks 32 or more experts per layer)."""
+        distinct = len(set(names)) == len(names)
+        sig = tuple(self.model[n][1:] for n in names) if distinct else None
+        hit = same.get(sig) if distinct else None
+        if hit is not None:
+            return hit[0], [(names[k], *rest) for k, *rest in hit[1]]
+        item_shape, item_pieces = self._body(rule, names, coords, local)
+        if distinct:
+            where = {n: k for k, n in enumerate(names)}
+            same[sig] = (item_shape, [(where[p.canonical], *p[1:]) for p in item_pieces])
+        return item_shape, [(p.canonical, *p[1:]) for p in item_pieces]
 
     def _body(self, rule: Rule, names: list[str], coords: Mapping[str, int], local: str) -> tuple[tuple[int, ...], list[Piece]]:
         parts = rule.parts()
@@ -191,7 +209,7 @@ class TensorBuilder:
         for j, op in enumerate(part.shard):
             if op.dim >= len(window):
                 raise RuleProblem(f"{cname}: shard dim {op.dim} out of range for shape {cshape}", field=f"{field}.shard[{j}]".lstrip("."))
-            size = self._axis_size(op.axis, f"{field}.shard[{j}].axis".lstrip("."))
+            size = self.sizes.get(op.axis) or self._axis_size(op.axis, f"{field}.shard[{j}].axis".lstrip("."))
             blocks = self.int_expr(op.blocks) if op.blocks is not None else None
             lo, hi = window[op.dim]
             window[op.dim] = chunk_window(lo, hi, op, size, coords.get(op.axis, 0), blocks, f"{local} <- {cname}")

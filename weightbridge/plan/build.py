@@ -17,12 +17,10 @@ Everything iterates in sorted, deterministic order; no set or dict order leaks i
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import chain
 from typing import Literal, NamedTuple
 
+from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.ir import SideLayout
 from weightbridge.plan.assemble import assemble
 from weightbridge.plan.cover import Cover, cover_needs
@@ -60,21 +58,8 @@ def build_plan(
     :func:`weightbridge.plan.validate_plan` to get every problem.
     """
     net = _check(round_bytes, receiver_dedup, network)
-    with _gc_paused():
+    with gc_paused():
         return _build(trainer, rollout, round_bytes, net, receiver_dedup)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The build allocates ~1e6 small acyclic tuples next to a large live layout; generational
-    GC passes over that heap cost more than the build itself, so GC is paused while building."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _Steps(NamedTuple):
@@ -195,7 +180,7 @@ def build_rank_plan(
     ``inputs_hash`` when the caller already has one, e.g. from the spec) is equal.
     """
     net = _check(round_bytes, receiver_dedup, network)
-    with _gc_paused():
+    with gc_paused():
         st, d, j, sub = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup, (side, rank))
         rounds = assemble(st.packets, st.schedule, st.templates, only=(side, sub))
         copies = tuple(c for c in st.cover.copies if side == ROLLOUT and c.rank == sub)

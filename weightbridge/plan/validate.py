@@ -24,8 +24,7 @@ Checks (``PlanProblem.kind``):
 
 from __future__ import annotations
 
-import gc
-
+from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.box import Box, box_numel, contains, format_box, in_bounds, intersect
 from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, dtype_bytes
 from weightbridge.plan.geometry import map_to_local, subtract_all
@@ -85,13 +84,8 @@ def validate_plan(
     plan: TransferPlan, trainer: SideLayout, rollout: SideLayout, *, canonical: CanonicalModel | None = None
 ) -> list[PlanProblem]:
     """Every problem of ``plan`` for these layouts; empty when the plan is exact and within caps."""
-    was_enabled = gc.isenabled()
-    gc.disable()  # many small acyclic objects next to a large heap (see build_plan)
-    try:
+    with gc_paused():  # many small acyclic objects next to a large heap
         return _validate(plan, trainer, rollout, canonical)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _validate(

@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
+from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.ir import CanonicalModel, SideLayout
 from weightbridge.plan.network import NetworkSpec
 from weightbridge.spec.errors import SpecErrors, SpecProblem, excerpt, show
@@ -137,19 +138,20 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
         return None, col.problems
     _schema_pass(src.data, col)
     sections = _model_pass(src.data, col)
-    canonical = _canonical_pass(sections.get("model"), base_dir or Path.cwd(), col)
     layouts: dict[str, SideLayout] = {}
-    if canonical is not None:
-        for side in SIDES:
-            spec_side = sections.get(side)
-            if isinstance(spec_side, SideSpec) and col.section_ok(f"$.{side}"):
-                too_big = world_problem(side, spec_side)
-                if too_big is not None:
-                    col.add(*too_big)
-                    continue
-                lay = side_pass(side, spec_side, canonical, col)
-                if lay is not None:
-                    layouts[side] = lay
+    with gc_paused():  # canonical models and expansion allocate ~10^6 small tuples (weightbridge/gc_pause.py)
+        canonical = _canonical_pass(sections.get("model"), base_dir or Path.cwd(), col)
+        if canonical is not None:
+            for side in SIDES:
+                spec_side = sections.get(side)
+                if isinstance(spec_side, SideSpec) and col.section_ok(f"$.{side}"):
+                    too_big = world_problem(side, spec_side)
+                    if too_big is not None:
+                        col.add(*too_big)
+                        continue
+                    lay = side_pass(side, spec_side, canonical, col)
+                    if lay is not None:
+                        layouts[side] = lay
     sync = sections.get("sync")
     if "rollout" in layouts and isinstance(sync, SyncSpec):
         too_fine = round_bytes_problem(layouts["rollout"], sync.round_bytes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from weightbridge.layout.coverage import tiling_problems, uncovered
 from weightbridge.layout.expand import ExpandProblem, Origin, SideConfig, expand_side
-from weightbridge.layout.ir import CanonicalModel, SideLayout
+from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout
 from weightbridge.layout.mesh import custom_family
 from weightbridge.layout.normalize import layout_fingerprint
 from weightbridge.layout.presets import load_preset, merge_rules
@@ -87,7 +87,8 @@ def side_config(side: str, spec_side: SideSpec) -> SideConfig:
 
 def side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: Collector) -> SideLayout | None:
     cfg = side_config(side, spec_side)
-    layout, problems = expand_side(cfg, model)
+    clones: dict[int, LocalTensor] = {}
+    layout, problems = expand_side(cfg, model, clones)
     by_path: dict[str, list[ExpandProblem]] = {}
     for p in problems:
         path, _ = _locate(side, spec_side, cfg, p)
@@ -99,14 +100,11 @@ def side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: Collec
         col.add(path, message, group[0].hint)
     if problems:
         return None
-    seen: set[int] = set()
-    for r in layout.ranks:
-        if id(r.tensors) in seen:
-            continue
-        seen.add(id(r.tensors))
-        for t in r.tensors:
-            for msg in tiling_problems(t, model):
-                col.add(f"$.{side}", f"rank {r.rank}: {msg}")
+    found = _tiling(layout, model, skip=clones)
+    if found and clones:  # report every tensor's own problems, in order, as a full pass would
+        found = _tiling(layout, model, skip={})
+    for msg in found:
+        col.add(f"$.{side}", msg)
     _check_pins(side, spec_side, layout, col)
     groups = [layout.ranks] if side == "trainer" else [layout.instance_ranks(0)]
     for ranks in groups:
@@ -119,6 +117,21 @@ def side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: Collec
                 + ("; {local: '{*}', canonical: '{*}'} keeps the rest whole" if spec_side.preset == NO_PRESET else ""),
             )
     return layout
+
+
+def _tiling(layout: SideLayout, model: CanonicalModel, skip: dict[int, LocalTensor]) -> list[str]:
+    """Tiling problems of every distinct local tensor but those in ``skip`` (ids of geometry copies:
+    they tile exactly when their original does), each naming its rank."""
+    out: list[str] = []
+    seen: set[int] = set()
+    for r in layout.ranks:
+        if id(r.tensors) in seen:
+            continue
+        seen.add(id(r.tensors))
+        for t in r.tensors:
+            if id(t) not in skip:
+                out.extend(f"rank {r.rank}: {msg}" for msg in tiling_problems(t, model))
+    return out
 
 
 def _check_pins(side: str, spec_side: SideSpec, layout: SideLayout, col: Collector) -> None:

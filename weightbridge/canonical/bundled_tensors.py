@@ -1,0 +1,132 @@
+"""The canonical tensor lists of the bundled configs, shipped with the package (``bundled/tensors/``).
+
+Why: a bundled model's canonical model otherwise needs transformers and a meta-device
+instantiation on a cold cache (DeepSeek-V3: ~8 s, most of a rank's spec resolution). A bundled
+config is a fixed, published checkpoint: its tensor list (what ``save_pretrained`` writes) does
+not change with the transformers version, so it ships, computed once from transformers by
+``python -m weightbridge.canonical.bundled_tensors --write`` and checked against it by the tests.
+
+Format (a few KiB per model, not the ~6 MB of a plain list): tensors grouped by (skeleton,
+shape, dtype), each group's digit runs as the product of integer ranges where they are one
+(``layers 3..60 x experts 0..255``), else listed. Decoding restores :func:`natural_key` order.
+Pure (no torch); :func:`shipped_tensors` is what :mod:`weightbridge.canonical` calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+from weightbridge.canonical.bundled import BUNDLED_DIR
+from weightbridge.canonical.naming import sort_tensors
+from weightbridge.layout.ir import CanonicalTensor
+from weightbridge.layout.templates import skeleton
+
+SHIPPED_DIR = BUNDLED_DIR / "tensors"
+FORMAT = 1
+
+
+def encode(tensors: tuple[CanonicalTensor, ...]) -> list[list[Any]]:
+    """Groups ``[skeleton, shape, dtype, numbers]``; ``numbers`` is ``{"ranges": [[lo, hi], ...]}``
+    (their product, ``hi`` exclusive) or ``{"list": [[n, ...], ...]}``."""
+    groups: dict[tuple[str, tuple[int, ...], str], list[tuple[int, ...]]] = {}
+    for t in tensors:
+        skel, nums = skeleton(t.name)
+        groups.setdefault((skel, tuple(t.shape), t.dtype), []).append(nums)
+    out: list[list[Any]] = []
+    for (skel, shape, dtype), numbers in sorted(groups.items()):
+        out.append([skel, list(shape), dtype, _numbers(numbers)])
+    return out
+
+
+def _numbers(numbers: list[tuple[int, ...]]) -> dict[str, Any]:
+    width = len(numbers[0])
+    axes = [sorted({n[i] for n in numbers}) for i in range(width)]
+    contiguous = all(a == list(range(a[0], a[-1] + 1)) for a in axes)
+    if contiguous and len(set(numbers)) == len(numbers) and len(numbers) == _product([len(a) for a in axes]):
+        return {"ranges": [[a[0], a[-1] + 1] for a in axes]}
+    return {"list": sorted(numbers)}
+
+
+def _product(sizes: list[int]) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+def decode(groups: list[list[Any]]) -> tuple[CanonicalTensor, ...]:
+    """The tensors ``encode`` was given, in natural-name order."""
+    keyed: list[tuple[tuple, CanonicalTensor]] = []
+    for skel, shape, dtype, numbers in groups:
+        literals = skel.split("#")
+        shape = tuple(int(d) for d in shape)
+        if "ranges" in numbers:
+            tuples = itertools.product(*(range(lo, hi) for lo, hi in numbers["ranges"]))
+        else:
+            tuples = (tuple(n) for n in numbers["list"])
+        for nums in tuples:
+            parts: list[Any] = [literals[0]]
+            key: list[tuple[int, Any]] = [(0, literals[0])]
+            for n, lit in zip(nums, literals[1:]):
+                parts += [str(n), lit]
+                key += [(1, n), (0, lit)]
+            name = "".join(parts)
+            key.append((0, name))  # natural_key's form, without its regex pass
+            keyed.append((tuple(key), CanonicalTensor(name, shape, str(dtype))))
+    keyed.sort(key=lambda kt: kt[0])
+    return tuple(t for _, t in keyed)
+
+
+def shipped_path(name: str) -> Path:
+    return SHIPPED_DIR / f"{name}.json"
+
+
+def shipped_tensors(name: str, dtype: str) -> tuple[tuple[CanonicalTensor, ...], dict[str, Any]] | None:
+    """The shipped list of bundled model ``name`` and the params its names give
+    (:func:`~weightbridge.canonical.params.params_from_names`, stored with it) when it was
+    computed for ``dtype``; else None (the caller builds it with transformers)."""
+    try:
+        obj = json.loads(shipped_path(name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("dtype") != dtype:
+        return None
+    return decode(obj["groups"]), dict(obj["name_params"])
+
+
+def write(name: str) -> Path:
+    """Compute bundled model ``name``'s list with transformers (no cache) and write its shipped file."""
+    from weightbridge.canonical.bundled import bundled_config_path
+    from weightbridge.canonical.configfile import config_dtype, read_config
+    from weightbridge.canonical.hf_config import from_hf_config
+    from weightbridge.canonical.params import params_from_names
+
+    path = bundled_config_path(name)
+    raw, _ = read_config(path, "bundled")
+    dtype = config_dtype(raw) or "float32"
+    tensors = from_hf_config(path, use_cache=False).tensors
+    groups = encode(tensors)
+    if decode(groups) != tensors or sort_tensors(tensors) != tensors:
+        raise RuntimeError(f"{name}: the compact form does not round-trip")
+    SHIPPED_DIR.mkdir(exist_ok=True)
+    out = shipped_path(name)
+    record = {"format": FORMAT, "model": name, "dtype": dtype, "name_params": params_from_names(tensors),
+              "groups": groups}
+    out.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from weightbridge.canonical.bundled import bundled_names
+
+    ap = argparse.ArgumentParser(description="(re)write the shipped canonical lists of the bundled configs")
+    ap.add_argument("--write", action="store_true", required=True)
+    ap.add_argument("names", nargs="*", help="bundled names (default: all)")
+    args = ap.parse_args()
+    for n in args.names or bundled_names():
+        print(f"{write(n)}: done", flush=True)
