@@ -393,6 +393,25 @@ def test_union_numel_matches_brute_force(data):
 
 @SETTINGS
 @given(st.data())
+def test_union_numel_of_shards_along_one_dim_matches_brute_force(data):
+    """The shard fast path (boxes equal but along one dim): disjoint, touching, gapped, overlapping."""
+    from weightbridge.layout.coverage import union_numel
+
+    shape = data.draw(st.lists(st.integers(1, 8), min_size=1, max_size=3).map(tuple))
+    d = data.draw(st.integers(0, len(shape) - 1))
+    rest = [data.draw(st.tuples(st.integers(0, n - 1), st.integers(1, n)).filter(lambda t: t[0] < t[1]))
+            for n in shape]
+    spans = data.draw(st.lists(st.tuples(st.integers(0, shape[d] - 1), st.integers(1, shape[d]))
+                               .filter(lambda t: t[0] < t[1]), min_size=1, max_size=6))
+    boxes = [tuple(span if k == d else rest[k] for k in range(len(shape))) for span in spans]
+    mask = np.zeros(shape, dtype=bool)
+    for b in boxes:
+        mask[tuple(slice(x, y) for x, y in b)] = True
+    assert union_numel(boxes) == int(mask.sum())
+
+
+@SETTINGS
+@given(st.data())
 def test_tiling_problems_finds_exactly_the_overlaps(data):
     from weightbridge.layout.coverage import tiling_problems
     from weightbridge.layout.ir import LocalTensor, Piece

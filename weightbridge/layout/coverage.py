@@ -15,22 +15,33 @@ from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout
 
 
 def union_numel(boxes: Iterable[Box]) -> int:
-    """Number of elements in the union of boxes (same frame), by coordinate compression."""
+    """Number of elements in the union of boxes (same frame), by coordinate compression.
+
+    Each box marks the grid cells it spans, so the cost is the cells the boxes cover (one each for
+    shards that partition a tensor), not cells x boxes: a tensor split over TP 32 has 32 boxes."""
     uniq = list(dict.fromkeys(boxes))
     if not uniq:
         return 0
     if len(uniq) == 1:
         return box_numel(uniq[0])
     ndim = len(uniq[0])
+    for d in range(ndim):  # shards of one dim (TP): equal elsewhere, disjoint along d -> a plain sum
+        if len({b[:d] + b[d + 1:] for b in uniq}) == 1:
+            spans = sorted(b[d] for b in uniq)
+            if all(a[1] <= b[0] for a, b in zip(spans, spans[1:])):
+                return sum(box_numel(b) for b in uniq)
+            break
     cuts = [sorted({x for b in uniq for x in b[d]}) for d in range(ndim)]
-    segs = [list(zip(c, c[1:])) for c in cuts]
+    at = [{x: i for i, x in enumerate(c)} for c in cuts]
+    covered: set[tuple[int, ...]] = set()
+    for box in uniq:
+        covered.update(product(*(range(at[d][lo], at[d][hi]) for d, (lo, hi) in enumerate(box))))
     total = 0
-    for cell in product(*segs):
-        if any(all(a <= lo and hi <= b for (lo, hi), (a, b) in zip(cell, box)) for box in uniq):
-            n = 1
-            for lo, hi in cell:
-                n *= hi - lo
-            total += n
+    for cell in covered:
+        n = 1
+        for d, i in enumerate(cell):
+            n *= cuts[d][i + 1] - cuts[d][i]
+        total += n
     return total
 
 

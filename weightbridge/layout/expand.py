@@ -110,7 +110,7 @@ class _Expander(TensorBuilder):
         self.compiled: list[_CompiledRule] = []
         self._int_cache: dict[str, int] = {}
         self._geometry: dict[tuple, tuple] = {}  # see _build_shared
-        self._shape_keys: dict[int, tuple | None] = {}  # id(binding) -> its tensors' shapes and dtypes
+        self._shape_keys: dict[int, tuple] = {}  # id(binding) -> (its names, their shapes and dtypes or None)
         self.clones: dict[int, LocalTensor] | None = None  # see expand_side
         self._dominant: str | None = None
         self._all_layers: list[int | None] = facts.layers
@@ -272,15 +272,17 @@ class _Expander(TensorBuilder):
                       name: str) -> LocalTensor | None:
         """:meth:`_build`, reusing an earlier result's geometry: a binding of the same rule at the same
         coordinates (on the rule's axes) whose canonical tensors have the same shapes and dtypes
-        (every layer's ``q_proj``, every expert's gate/up pair on this rank) gets the same shape,
-        dtype and boxes; only the canonical names differ. Stacked rules, and bindings naming one
-        tensor twice, are built in full. ``at``: the rule and the rank's coordinates on its axes."""
-        names = b.names[0]
-        shapes = self._shape_keys.get(id(b), False)
-        if shapes is False:  # once per binding: the shapes and dtypes of its tensors, or None (not shared)
-            distinct = cr.rule.stack is None and len(set(names)) == len(names)
-            shapes = self._shape_keys[id(b)] = tuple(self.model[n][1:] for n in names) if distinct else None
-        if shapes is None:
+        (every layer's ``q_proj``, every expert's gate/up pair on this rank, every layer's stacked
+        experts) gets the same shape, dtype and boxes; only the canonical names differ. Bindings
+        naming one tensor twice are built in full. ``at``: the rule and the rank's coordinates on
+        its axes (a stacked rule's expert window is one of them)."""
+        known = self._shape_keys.get(id(b))
+        if known is None:  # once per binding: its names (every stacked expert's), their shapes and dtypes
+            names = [n for per_expert in b.names for n in per_expert]
+            shapes = (tuple(b.experts), tuple(self.model[n][1:] for n in names)) if len(set(names)) == len(names) else None
+            known = self._shape_keys[id(b)] = (names, shapes)
+        names, shapes = known
+        if shapes is None:  # a tensor named twice: which piece is which name is ambiguous
             return self._build(cr.rule, b, coords, name)
         key = (at, shapes)
         hit = self._geometry.get(key)
