@@ -35,16 +35,13 @@ MAIN = Path(__file__).with_name("megatron_vllm_main.py")
 
 # CI runs dense at vLLM TP 1 and MoE at vLLM TP 2: both engine sizes and both model kinds in two
 # engine starts (machine time). The other two combinations run with
-# WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS=1; dense at vLLM TP 2 carries the non-strict xfail of the known
-# worker crash of tests/vllm_engine (issue 12), which is independent of the trainer.
+# WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS=1.
 ALL = os.environ.get("WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS") == "1"
 OPT_IN = pytest.mark.skipif(not ALL, reason="set WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS=1")
-VLLM_TP2_CRASH = pytest.mark.xfail(
-    strict=False, reason="known intermittent vLLM TP2 worker crash (unbounded tensor-repr recursion in torch), issue 12")
 
 
 @pytest.mark.parametrize(("kind", "tp"), [("qwen2", 1), ("qwen3-moe", 2),
-                                          pytest.param("qwen2", 2, marks=[OPT_IN, VLLM_TP2_CRASH]),
+                                          pytest.param("qwen2", 2, marks=OPT_IN),
                                           pytest.param("qwen3-moe", 1, marks=OPT_IN)])
 def test_megatron_trainer_to_vllm_bitwise_and_same_generations(kind: str, tp: int, tmp_path: Path) -> None:
     env = {**os.environ, "WEIGHTBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
