@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trainer-tp", type=int, default=2)
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--rollout-tp", type=int, default=2)
-    ap.add_argument("--round-mib", type=int, default=64)
+    ap.add_argument("--round-mib", type=int, default=1024,
+                    help="sync.round_bytes in MiB (default: the spec's default, 1 GiB; 64 plans this model in 5 rounds)")
     ap.add_argument("--chunk-mib", type=int, default=64, help="P2P chunk size (default: the Executor's, 64 MiB)")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--direct-kib", type=int, default=None,
