@@ -18,20 +18,45 @@ from hypothesis import strategies as st
 from weightbridge.canonical import bundled_config_path, bundled_names, from_hf_config, load_canonical
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import params_from_names
-from weightbridge.canonical.bundled_tensors import decode, encode, shipped_path, shipped_tensors
+from weightbridge.canonical.bundled_tensors import decode, encode, installed_transformers, shipped_path, shipped_tensors
 from weightbridge.layout.ir import CanonicalTensor
+
+
+def _shipped_versions(name: str) -> dict:
+    return json.loads(shipped_path(name).read_text())["versions"]
 
 
 @pytest.mark.parametrize("name", bundled_names())
 def test_the_shipped_list_is_what_transformers_builds(name: str) -> None:
+    """For the installed transformers: the list shipped for it is what it builds (CI: phase 1's
+    latest release and phase 2's, the version vLLM pins); a version with none builds it."""
     built = from_hf_config(bundled_config_path(name), use_cache=False)
-    assert shipped_path(name).is_file(), "python -m weightbridge.canonical.bundled_tensors --write NAME"
+    version = installed_transformers()
+    entry = _shipped_versions(name).get(version)
+    if entry is None:
+        assert shipped_tensors(name, built.tensors[0].dtype) is None
+        pytest.skip(f"no list shipped for transformers {version}: "
+                    f"python -m weightbridge.canonical.bundled_tensors --write {name}")
+    found = shipped_tensors(name, entry["dtype"])
+    assert found is not None and found[0] == built.tensors and found[1] == params_from_names(built.tensors)
     loaded = load_canonical({"bundled": name})
-    assert loaded.tensors == built.tensors
-    assert loaded.params == built.params
+    assert loaded.tensors == built.tensors and loaded.params == built.params
     assert loaded.source == f"bundled:{name}"
-    found = shipped_tensors(name, json.loads(shipped_path(name).read_text())["dtype"])
-    assert found is not None and found[1] == params_from_names(built.tensors)
+
+
+def test_a_list_is_used_only_under_the_transformers_version_it_was_built_with(monkeypatch) -> None:
+    from weightbridge.canonical import bundled_tensors
+
+    shipped = _shipped_versions("deepseek-v3")
+    assert len(shipped) >= 2  # the router weight's dtype differs between them (5.19: bf16, 5.24+: fp32)
+    router = {v: [g for g in e["groups"] if g[0] == "model.layers.#.mlp.gate.weight"][0][2] for v, e in shipped.items()}
+    assert set(router.values()) == {"bfloat16", "float32"}
+    for version in shipped:
+        monkeypatch.setattr(bundled_tensors, "installed_transformers", lambda v=version: v)
+        tensors, _ = shipped_tensors("deepseek-v3", "bfloat16")
+        assert dict((t.name, t.dtype) for t in tensors)["model.layers.3.mlp.gate.weight"] == router[version]
+    monkeypatch.setattr(bundled_tensors, "installed_transformers", lambda: "0.0.1")
+    assert shipped_tensors("deepseek-v3", "bfloat16") is None
 
 
 def test_another_dtype_goes_through_transformers() -> None:
@@ -42,6 +67,8 @@ def test_another_dtype_goes_through_transformers() -> None:
 
 
 def test_a_bundled_model_resolves_without_importing_transformers(tmp_path) -> None:
+    if installed_transformers() not in _shipped_versions("deepseek-v3"):
+        pytest.skip(f"no list shipped for transformers {installed_transformers()}")
     code = ("import sys; from weightbridge.canonical import load_canonical; "
             "m = load_canonical({'bundled': 'deepseek-v3'}); "
             "print(len(m.tensors), 'transformers' in sys.modules, 'torch' in sys.modules)")

@@ -7,7 +7,8 @@ turns it into a :class:`~weightbridge.layout.ir.CanonicalModel`.
 
 Importing this package is light: torch and transformers are imported only when
 a config has to be instantiated (and its result is not cached yet); a bundled
-config at its own dtype never needs them (its tensor list ships: bundled_tensors.py).
+config at its own dtype needs neither under a transformers version its tensor
+list ships for (bundled_tensors.py).
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def _load(kind: str, value: Any, base_dir: Path, dtype: str | None, cache_dir: s
 
 def _shipped(name: str, path: Path, dtype: str | None) -> CanonicalModel | None:
     """Bundled model ``name`` from its shipped list (:mod:`weightbridge.canonical.bundled_tensors`: no
-    transformers, no cache) when one was computed for the dtype asked; else None."""
+    transformers import, no cache) when one was computed under the installed transformers version
+    for the dtype asked; else None."""
     from weightbridge.canonical.bundled_tensors import shipped_tensors  # here: `python -m` of that module imports this
 
     raw, _ = read_config(path, "bundled")

@@ -1,21 +1,25 @@
 """The canonical tensor lists of the bundled configs, shipped with the package (``bundled/tensors/``).
 
 Why: a bundled model's canonical model otherwise needs transformers and a meta-device
-instantiation on a cold cache (DeepSeek-V3: ~8 s, most of a rank's spec resolution). A bundled
-config is a fixed, published checkpoint: its tensor list (what ``save_pretrained`` writes) does
-not change with the transformers version, so it ships, computed once from transformers by
-``python -m weightbridge.canonical.bundled_tensors --write`` and checked against it by the tests.
+instantiation on a cold cache (DeepSeek-V3: ~6 s, most of a rank's spec resolution). The list is
+what ``save_pretrained`` of the *installed* transformers writes, and that changes between
+versions (DeepSeek-V3's router weight is float32 in 5.24, bfloat16 in 5.19), so a list is kept
+per transformers version it was computed with (``python -m weightbridge.canonical.bundled_tensors
+--write`` under that version; the tests compare it with transformers' build) and used only when
+that exact version is installed (read from its metadata: transformers is not imported). Any other
+version builds the model with transformers once, as before, and the canonical cache keeps it.
 
-Format (a few KiB per model, not the ~6 MB of a plain list): tensors grouped by (skeleton,
-shape, dtype), each group's digit runs as the product of integer ranges where they are one
-(``layers 3..60 x experts 0..255``), else listed. Decoding restores :func:`natural_key` order.
-Pure (no torch); :func:`shipped_tensors` is what :mod:`weightbridge.canonical` calls.
+Format (a few KiB per model and version, not the ~6 MB of a plain list): tensors grouped by
+(skeleton, shape, dtype), each group's digit runs as the product of integer ranges where they
+are one (``layers 3..60 x experts 0..255``), else listed. Decoding restores :func:`natural_key`
+order. Pure (no torch); :func:`shipped_tensors` is what :mod:`weightbridge.canonical` calls.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from weightbridge.layout.ir import CanonicalTensor
 from weightbridge.layout.templates import skeleton
 
 SHIPPED_DIR = BUNDLED_DIR / "tensors"
-FORMAT = 1
+FORMAT = 2
 
 
 def encode(tensors: tuple[CanonicalTensor, ...]) -> list[list[Any]]:
@@ -84,21 +88,32 @@ def shipped_path(name: str) -> Path:
     return SHIPPED_DIR / f"{name}.json"
 
 
+def installed_transformers() -> str | None:
+    """The installed transformers version (from its metadata, without importing it), or None."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def shipped_tensors(name: str, dtype: str) -> tuple[tuple[CanonicalTensor, ...], dict[str, Any]] | None:
-    """The shipped list of bundled model ``name`` and the params its names give
-    (:func:`~weightbridge.canonical.params.params_from_names`, stored with it) when it was
-    computed for ``dtype``; else None (the caller builds it with transformers)."""
+    """The shipped list of bundled model ``name`` for the installed transformers version, and the
+    params its names give (:func:`~weightbridge.canonical.params.params_from_names`, stored with
+    it), when one was computed for that version and ``dtype``; else None (the caller builds it)."""
+    version = installed_transformers()
     try:
         obj = json.loads(shipped_path(name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        entry = obj["versions"].get(version) if obj.get("format") == FORMAT else None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
         return None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("dtype") != dtype:
+    if not isinstance(entry, dict) or entry.get("dtype") != dtype:
         return None
-    return decode(obj["groups"]), dict(obj["name_params"])
+    return decode(entry["groups"]), dict(entry["name_params"])
 
 
 def write(name: str) -> Path:
-    """Compute bundled model ``name``'s list with transformers (no cache) and write its shipped file."""
+    """Compute bundled model ``name``'s list with the installed transformers (no cache) and add it to
+    its shipped file under that version (the versions already there stay)."""
     from weightbridge.canonical.bundled import bundled_config_path
     from weightbridge.canonical.configfile import config_dtype, read_config
     from weightbridge.canonical.hf_config import from_hf_config
@@ -111,10 +126,17 @@ def write(name: str) -> Path:
     groups = encode(tensors)
     if decode(groups) != tensors or sort_tensors(tensors) != tensors:
         raise RuntimeError(f"{name}: the compact form does not round-trip")
-    SHIPPED_DIR.mkdir(exist_ok=True)
     out = shipped_path(name)
-    record = {"format": FORMAT, "model": name, "dtype": dtype, "name_params": params_from_names(tensors),
-              "groups": groups}
+    try:
+        record = json.loads(out.read_text(encoding="utf-8"))
+        if record.get("format") != FORMAT:
+            raise ValueError
+    except (OSError, ValueError):
+        record = {"format": FORMAT, "model": name, "versions": {}}
+    record["versions"][installed_transformers()] = {"dtype": dtype, "name_params": params_from_names(tensors),
+                                                   "groups": groups}
+    record["versions"] = dict(sorted(record["versions"].items()))
+    SHIPPED_DIR.mkdir(exist_ok=True)
     out.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
     return out
 
