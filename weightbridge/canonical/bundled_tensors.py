@@ -20,11 +20,12 @@ from __future__ import annotations
 import itertools
 import json
 from importlib import metadata
+from math import prod
 from pathlib import Path
 from typing import Any
 
 from weightbridge.canonical.bundled import BUNDLED_DIR
-from weightbridge.canonical.naming import sort_tensors
+from weightbridge.canonical.naming import sort_tensors, split_key
 from weightbridge.layout.ir import CanonicalTensor
 from weightbridge.layout.templates import skeleton
 
@@ -49,37 +50,26 @@ def _numbers(numbers: list[tuple[int, ...]]) -> dict[str, Any]:
     width = len(numbers[0])
     axes = [sorted({n[i] for n in numbers}) for i in range(width)]
     contiguous = all(a == list(range(a[0], a[-1] + 1)) for a in axes)
-    if contiguous and len(set(numbers)) == len(numbers) and len(numbers) == _product([len(a) for a in axes]):
+    if contiguous and len(set(numbers)) == len(numbers) and len(numbers) == prod(len(a) for a in axes):
         return {"ranges": [[a[0], a[-1] + 1] for a in axes]}
     return {"list": sorted(numbers)}
 
 
-def _product(sizes: list[int]) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
-
-
 def decode(groups: list[list[Any]]) -> tuple[CanonicalTensor, ...]:
-    """The tensors ``encode`` was given, in natural-name order."""
+    """The tensors ``encode`` was given, in natural-name order (:func:`~weightbridge.canonical.naming.natural_key`,
+    from the parts each name is built of)."""
     keyed: list[tuple[tuple, CanonicalTensor]] = []
     for skel, shape, dtype, numbers in groups:
-        literals = skel.split("#")
+        texts = skel.split("#")
+        pattern = skel.replace("{", "{{").replace("}", "}}").replace("#", "{}")  # one slot per digit run
         shape = tuple(int(d) for d in shape)
         if "ranges" in numbers:
             tuples = itertools.product(*(range(lo, hi) for lo, hi in numbers["ranges"]))
         else:
             tuples = (tuple(n) for n in numbers["list"])
         for nums in tuples:
-            parts: list[Any] = [literals[0]]
-            key: list[tuple[int, Any]] = [(0, literals[0])]
-            for n, lit in zip(nums, literals[1:]):
-                parts += [str(n), lit]
-                key += [(1, n), (0, lit)]
-            name = "".join(parts)
-            key.append((0, name))  # natural_key's form, without its regex pass
-            keyed.append((tuple(key), CanonicalTensor(name, shape, str(dtype))))
+            name = pattern.format(*nums)
+            keyed.append((split_key(texts, nums, name), CanonicalTensor(name, shape, str(dtype))))
     keyed.sort(key=lambda kt: kt[0])
     return tuple(t for _, t in keyed)
 

@@ -25,11 +25,18 @@ def natural_key(name: str) -> tuple[tuple[int, str | int], ...]:
     Each part is tagged ``(0, text)`` or ``(1, int)`` so parts never compare across
     types; ``"007"`` and ``"7"`` are told apart by a final raw-text tie-break.
     """
-    parts: list[tuple[int, str | int]] = []
-    for i, part in enumerate(_DIGITS.split(name)):
-        parts.append((1, int(part)) if i % 2 else (0, part))
-    parts.append((0, name))
-    return tuple(parts)
+    parts = _DIGITS.split(name)
+    return split_key(parts[0::2], [int(p) for p in parts[1::2]], name)
+
+
+def split_key(texts: list[str], numbers: Iterable[int], name: str) -> tuple[tuple[int, str | int], ...]:
+    """:func:`natural_key` of ``name`` = texts[0] + numbers[0] + texts[1] + ..., given in its parts
+    (what a caller that built the name from them has without a regex pass)."""
+    key: list[tuple[int, str | int]] = [(0, texts[0])]
+    for n, text in zip(numbers, texts[1:]):
+        key += [(1, n), (0, text)]
+    key.append((0, name))
+    return tuple(key)
 
 
 def sort_tensors(tensors: Iterable[CanonicalTensor]) -> tuple[CanonicalTensor, ...]:

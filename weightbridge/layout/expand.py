@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightbridge.layout.expr import ExprError, evaluate, evaluate_int
-from weightbridge.layout.ir import CanonicalModel, LocalTensor, Piece, RankLayout, SideLayout
-from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder
+from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, SideLayout
+from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder, named_pieces, relative_pieces
 from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
 from weightbridge.layout.model_facts import LAYER, model_facts
 from weightbridge.layout.rules import Rule
@@ -84,7 +84,7 @@ class _CompiledRule:
     bindings: list[Binding]
     by_layer: dict[int | None, list[Binding]] = field(default_factory=dict)  # each list sorted by expert
     experts: dict[int | None, list[int]] = field(default_factory=dict)  # parallel to by_layer, for bisect
-    axes: tuple[str, ...] = ()  # the mesh axes the rule's geometry depends on
+    axes: tuple[str, ...] = field(init=False)  # the mesh axes the rule's geometry depends on
     local: Filler = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +102,6 @@ class _Expander(TensorBuilder):
         self.cfg = cfg
         self.model = model
         self.facts = facts = model_facts(model)
-        self.index = facts.index
         self.problems: list[ExpandProblem] = []
         self.sizes = cfg.family.sizes(cfg.mesh)
         self.names: dict[str, Any] = {**PARAM_DEFAULTS, **model.param_dict, **cfg.params, **self.sizes}
@@ -289,11 +288,10 @@ class _Expander(TensorBuilder):
         if hit is None:
             t = self._build(cr.rule, b, coords, name)
             if t is not None:
-                where = {n: i for i, n in enumerate(names)}
-                self._geometry[key] = (t.shape, t.dtype, tuple((where[p.canonical], *p[1:]) for p in t.pieces))
+                self._geometry[key] = (t.shape, t.dtype, relative_pieces(t.pieces, names))
             return t
-        shape, dtype, pieces = hit
-        t = LocalTensor(name, shape, dtype, tuple(Piece(names[i], cbox, lbox, tr) for i, cbox, lbox, tr in pieces))
+        shape, dtype, geometry = hit
+        t = LocalTensor(name, shape, dtype, named_pieces(geometry, names))
         if self.clones is not None:
             self.clones[id(t)] = t
         return t

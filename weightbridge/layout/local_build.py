@@ -10,7 +10,7 @@ returns the :class:`~weightbridge.layout.ir.LocalTensor` with its pieces. Proble
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -35,6 +35,18 @@ class Binding:
     names: list[list[str]]  # per stacked expert (or one entry), per part
     experts: list[int]  # stacked experts, in order ([] when not stacked)
     layer: int | None
+
+
+def relative_pieces(pieces: tuple[Piece, ...] | list[Piece], names: list[str]) -> tuple[tuple, ...]:
+    """``pieces`` with each canonical name replaced by its position in ``names`` (all distinct): the
+    geometry that tensors differing only in their canonical names share."""
+    where = {n: k for k, n in enumerate(names)}
+    return tuple((where[p.canonical], *p[1:]) for p in pieces)
+
+
+def named_pieces(geometry: tuple[tuple, ...], names: list[str]) -> tuple[Piece, ...]:
+    """The pieces of :func:`relative_pieces`' ``geometry`` for the tensors ``names``."""
+    return tuple(Piece(names[k], cbox, lbox, tr) for k, cbox, lbox, tr in geometry)
 
 
 def chunk_window(lo: int, hi: int, op: ShardOp, size: int, coord: int, blocks: int | None, what: str) -> tuple[int, int]:
@@ -130,14 +142,15 @@ class TensorBuilder:
             if not items:
                 return None
             shape, pieces = None, []
-            same: dict[tuple, tuple[tuple[int, ...], list[tuple]]] = {}
+            same: dict[tuple, tuple[tuple[int, ...], tuple[tuple, ...]]] = {}
             for e, names in items:
-                item_shape, item_geometry = self._stack_item(rule, names, coords, name, same)
+                item_shape, item_pieces = self._stack_item(rule, names, coords, name, same)
                 if shape is not None and item_shape != shape:
                     raise RuleProblem(f"{name}: experts have different shapes {shape} and {item_shape}")
                 shape = item_shape
                 i = e - first
-                pieces.extend(Piece(cname, cbox, ((i, i + 1), *lbox), tr) for cname, cbox, lbox, tr in item_geometry)
+                pieces.extend(Piece(p.canonical, p.canonical_box, ((i, i + 1), *p.local_box), p.transpose)
+                              for p in item_pieces)
             shape = (stop - first, *shape)
         dtype = self._dtype(rule, b.names[0][0])
         tensor = LocalTensor(name, tuple(shape), dtype, tuple(pieces))
@@ -146,21 +159,20 @@ class TensorBuilder:
         return tensor
 
     def _stack_item(self, rule: Rule, names: list[str], coords: Mapping[str, int], local: str,
-                    same: dict[tuple, tuple[tuple[int, ...], list[tuple]]]) -> tuple[tuple[int, ...], list[tuple]]:
-        """One stacked expert's shape and pieces ``(canonical, canonical_box, local_box, transpose)``.
-        Experts whose canonical tensors have the same shapes and dtypes get the same boxes (``same``
-        holds them for one stacked tensor): built once, then only the names are filled in (a vLLM
-        rank stacks 32 or more experts per layer)."""
-        distinct = len(set(names)) == len(names)
-        sig = tuple(self.model[n][1:] for n in names) if distinct else None
-        hit = same.get(sig) if distinct else None
+                    same: dict[tuple, tuple[tuple[int, ...], tuple[tuple, ...]]]) -> tuple[tuple[int, ...], Sequence[Piece]]:
+        """One stacked expert's shape and pieces (in its own frame). Experts whose canonical tensors
+        have the same shapes and dtypes get the same boxes (``same`` holds them for one stacked
+        tensor): built once, then only the names are filled in (a vLLM rank at TP 32 stacks all 256
+        experts of a layer)."""
+        if len(set(names)) != len(names):  # a tensor named twice: which piece is which is ambiguous
+            return self._body(rule, names, coords, local)
+        sig = tuple(self.model[n][1:] for n in names)
+        hit = same.get(sig)
         if hit is not None:
-            return hit[0], [(names[k], *rest) for k, *rest in hit[1]]
+            return hit[0], named_pieces(hit[1], names)
         item_shape, item_pieces = self._body(rule, names, coords, local)
-        if distinct:
-            where = {n: k for k, n in enumerate(names)}
-            same[sig] = (item_shape, [(where[p.canonical], *p[1:]) for p in item_pieces])
-        return item_shape, [(p.canonical, *p[1:]) for p in item_pieces]
+        same[sig] = (item_shape, relative_pieces(item_pieces, names))
+        return item_shape, item_pieces
 
     def _body(self, rule: Rule, names: list[str], coords: Mapping[str, int], local: str) -> tuple[tuple[int, ...], list[Piece]]:
         parts = rule.parts()

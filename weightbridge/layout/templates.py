@@ -17,7 +17,6 @@ from dataclasses import dataclass
 GLOBAL_VARS = ("layer", "expert")
 WHOLE = "*"
 _VAR = re.compile(r"\{([a-z_*]+)\}")
-_DIGITS = re.compile(r"\d+")
 _DIGIT_RUNS = re.compile(r"(\d+)")
 
 
@@ -66,8 +65,9 @@ class CanonicalPattern:
                 continue
             if (i > 0 and piece[:1].isdigit()) or (i + 1 < len(pieces) and piece[-1:].isdigit()):
                 raise TemplateError(f"a variable touches digits in {template!r}")
-            skel.append(_DIGITS.sub("#", piece))
-            slots.extend(int(d) for d in _DIGITS.findall(piece))
+            piece_skeleton, digits = skeleton(piece)
+            skel.append(piece_skeleton)
+            slots.extend(digits)
         return cls(template, "".join(skel), tuple(slots))
 
     def bind(self, numbers: tuple[int, ...]) -> dict[str, int] | None:
