@@ -13,6 +13,8 @@
       AuthError(message)                   no usable job secret (how to provide one: the message)
       ForgedMessage(rank, key, reason)     a control value that does not carry the job secret's MAC
       StoreUnreachable(rank, address, ...) the control store is gone (or restarted empty) past the deadline
+      EngineMismatch(rank, message)        the spec does not describe the rollout engine (mesh, layout, pins)
+      InitRefused(rank, reason)            an engine refused an init (unsealed, stale, malformed, a test hook)
       TransportError(rank, peer, round, message)   the data plane (:mod:`weightbridge.transport.errors`):
         PeerTimeout, PeerDisconnected, ChecksumError
 
@@ -151,6 +153,32 @@ class ForgedMessage(BridgeError):
         self.reason = reason
         super().__init__(f"{self.rank}: the value under {key!r} is not authenticated by the job secret ({reason}); "
                          "ignored: is another process with a different WEIGHTBRIDGE_SECRET (or none) using this store?")
+
+
+class EngineMismatch(BridgeError):
+    """The spec does not describe the rollout engine ``rank`` runs in (its mesh, the layout its own
+    loader makes, or a pinned fingerprint); raised in the engine's worker at init (vLLM, SGLang)."""
+
+    def __init__(self, rank: Any, message: str) -> None:
+        self.rank = str(rank)
+        self.message = message
+        super().__init__(f"{self.rank}: {message}")
+
+
+class InitRefused(BridgeError):
+    """An engine worker (``rank``) refused an init command; nothing of it ran and the bridge it was
+    running (if any) runs on untouched.
+
+    ``reason``: not sealed with the job secret of the engine's environment, a seal that does not
+    verify, an init older than the one running (a replay) or outside the freshness window, a
+    malformed command, or a test hook the engine's environment does not enable. See
+    ``docs/trust.md`` (what the engine routes accept).
+    """
+
+    def __init__(self, rank: Any, reason: str) -> None:
+        self.rank = str(rank)
+        self.reason = reason
+        super().__init__(f"{self.rank}: init refused: {reason}")
 
 
 class BadMessage(ProtocolError, ValueError):

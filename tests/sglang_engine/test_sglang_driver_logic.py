@@ -50,6 +50,7 @@ def _ack(store, rank: int, version: int) -> None:
     key = Keys("wb").ack("applied", rank)
     store.set(key, signer_from_env().seal(key, encode_message(Ack(rank=rank, version=version, seq=version, epoch=1,
                                                                          stage="applied"))))
+    store.check([key])  # set sends no reply: return once the store has it, as Board.ack does
 
 
 class FakeClient:
@@ -179,38 +180,112 @@ def test_any_payload_name_is_a_command_or_a_command_error(name):
         pass
 
 
+def _sealed_init(spec: str = SPEC, **fields) -> dict:
+    """An init command as SGLangWeightSync seals it (the job secret: tests/conftest.py sets one)."""
+    from weightbridge.integrations._engine.init_command import Prepared
+    from weightbridge.sync.auth import signer_from_env
+
+    fields = {"spec": spec, "host": "127.0.0.1", "port": 1, "probe": "off", **fields}
+    return Prepared(None, fields, 5.0, "wb", signer_from_env()).sealed()
+
+
+def _worker(monkeypatch, tp_rank: int = 0, tp: int = 1):
+    from weightbridge.integrations._engine.init_command import InitGate
+    from weightbridge.integrations.sglang import worker
+
+    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": tp_rank, "tp": tp, "pp": 1, "ep": 1})
+    monkeypatch.setattr(worker, "_RECEIVER", None)
+    monkeypatch.setattr(worker, "_GATE", InitGate())
+    return worker
+
+
 def test_the_worker_entry_point_never_raises_and_answers_with_the_error(tmp_path, monkeypatch):
     import torch
 
-    from weightbridge.integrations.sglang import worker
-
-    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": 1, "tp": 2, "pp": 1, "ep": 1})
-    monkeypatch.setattr(worker, "_RECEIVER", None)
+    worker = _worker(monkeypatch, tp_rank=1, tp=2)
     model = torch.nn.Linear(2, 2)
     worker.load(model, [("not-a-command", torch.empty(0)), (PREFIX + "{", torch.empty(0))])  # logged only
     worker.load(model, [(encode(Command(op="update", seq=9, version=1, reply_dir=str(tmp_path))), torch.empty(0))])
     reply = read_reply(tmp_path, 9, 1)
     assert reply["op"] == "update" and reply["tp_rank"] == 1
     assert reply["error"]["type"] == "builtins:RuntimeError" and "not initialised" in reply["error"]["message"]
-    bad_init = Command(op="init", seq=10, reply_dir=str(tmp_path), spec="version: 1\nmodel: {bundled: nope}\n",
-                       host="127.0.0.1", port=1)
+    bad_init = Command(op="init", seq=10, reply_dir=str(tmp_path), **_sealed_init("version: 1\nmodel: {bundled: nope}\n"))
     worker.load(model, [(encode(bad_init), torch.empty(0))])
     assert read_reply(tmp_path, 10, 1)["error"]["type"].endswith(":SpecErrors")
 
 
-def test_a_pickled_test_hook_is_refused_unless_the_engine_allows_it(tmp_path, monkeypatch):
-    """Commands arrive through SGLang's admin API: an init carrying a pickle must not run it."""
+class Running:
+    """A receiver already running in the worker (what a refused re-init must leave alone)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.last_error = None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Touch:
+    """Unpickling this creates ``path`` (what the old wire format's pickled hook could do)."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.path),))
+
+
+KILL_HOOK = {"name": "suite.kill-after-round", "params": {"host": "127.0.0.1", "port": 1, "prefix": "wb",
+                                                          "timeout_s": 1.0, "version": 1, "round": 0}}
+
+
+def test_a_refused_init_is_answered_typed_and_leaves_the_running_receiver(tmp_path, monkeypatch):
+    """Commands arrive through SGLang's admin API: an init that is not sealed with the engine's job
+    secret, forged, changed, carries a test hook the engine does not enable, or is a replay, runs
+    nothing, is answered with InitRefused, and the running receiver stays."""
     import base64
 
     import torch
 
-    from weightbridge.integrations.sglang import worker
-    monkeypatch.setattr(worker, "parallel", lambda: {"tp_rank": 0, "tp": 1, "pp": 1, "ep": 1})
-    monkeypatch.setattr(worker, "_RECEIVER", None)
-    monkeypatch.delenv(worker.TEST_HOOKS_ENV, raising=False)
-    evil = base64.b64encode(pickle.dumps(print)).decode()
-    cmd = Command(op="init", seq=1, reply_dir=str(tmp_path), spec=SPEC, host="127.0.0.1", port=1, probe="off",
-                  on_round=evil)
-    worker.load(torch.nn.Linear(2, 2), [(encode(cmd), torch.empty(0))])
-    err = read_reply(tmp_path, 1, 0)["error"]
-    assert err["type"] == "builtins:PermissionError" and worker.TEST_HOOKS_ENV in err["message"]
+    from weightbridge.integrations._engine.hooks import TEST_HOOKS_ENV
+
+    worker = _worker(monkeypatch, tp_rank=0, tp=2)
+    running = Running()
+    monkeypatch.setattr(worker, "_RECEIVER", running)
+    marker = tmp_path / "pwned"
+    genuine = _sealed_init()
+    cases = {
+        "unsealed": ({**genuine, "seal": None}, "0", "not sealed with the job secret"),
+        "forged": ({**genuine, "seal": "00" * 16}, "0", "does not verify"),
+        "changed": ({"payload": genuine["payload"].replace('"port":1', '"port":2'), "seal": genuine["seal"]}, "0",
+                    "does not verify"),
+        "hook, hooks off": (_sealed_init(test_hook=KILL_HOOK), "0", "does not enable test hooks"),
+        "unknown hook": (_sealed_init(test_hook={"name": "os:system", "params": {"command": f"touch {marker}"}}), "1",
+                         "unknown test hook"),
+    }
+    for seq, (case, (fields, hooks_on, why)) in enumerate(cases.items(), 1):
+        monkeypatch.setenv(TEST_HOOKS_ENV, hooks_on)
+        worker.load(torch.nn.Linear(2, 2), [(encode(Command(op="init", seq=seq, reply_dir=str(tmp_path), **fields)),
+                                             torch.empty(0))])
+        err = read_reply(tmp_path, seq, 0)["error"]
+        assert err["type"] == "weightbridge.errors:InitRefused" and why in err["message"], (case, err)
+        assert worker._RECEIVER is running and not running.closed, case
+    # the old wire format (a pickled on_round) is no command, even where test hooks are on: nothing
+    # is unpickled, nothing answers, nothing changes
+    old = PREFIX + json.dumps({"op": "init", "seq": 99, "reply_dir": str(tmp_path), "spec": SPEC, "host": "x",
+                               "port": 1, "on_round": base64.b64encode(pickle.dumps(Touch(marker))).decode()})
+    worker.load(torch.nn.Linear(2, 2), [(old, torch.empty(0))])
+    assert read_reply(tmp_path, 99, 0) is None and not marker.exists()
+    assert worker._RECEIVER is running and not running.closed
+    # a genuine init that does not fit this engine (EngineMismatch: a Linear is no Qwen2) changes
+    # nothing either; the same command again is a replay
+    with_hook = _sealed_init(test_hook=KILL_HOOK)
+    for seq, why in ((50, "EngineMismatch"), (51, "InitRefused")):
+        worker.load(torch.nn.Linear(2, 2), [(encode(Command(op="init", seq=seq, reply_dir=str(tmp_path), **with_hook)),
+                                             torch.empty(0))])
+        err = read_reply(tmp_path, seq, 0)["error"]
+        assert err["type"] == f"weightbridge.errors:{why}", err
+        assert worker._RECEIVER is running and not running.closed
+    assert "replay" in err["message"]

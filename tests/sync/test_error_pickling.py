@@ -8,7 +8,9 @@ import pytest
 
 from weightbridge.errors import (
     DeadlineExceeded,
+    EngineMismatch,
     HandshakeMismatch,
+    InitRefused,
     NothingToApply,
     PeerFailed,
     StoreUnreachable,
@@ -27,6 +29,8 @@ CASES = [
     NothingToApply("rollout 5"),
     StoreUnreachable("rollout 2", "127.0.0.1:29500", "no connection within 8s", restarted=True),
     ProtocolError("rollout 1", "offer of round 3 under round 2"),
+    EngineMismatch("rollout 3 (instance 1, vLLM worker 1)", "the spec's rollout mesh {'tp': 2} does not match"),
+    InitRefused("SGLang worker 0", "not sealed with the job secret"),
     TransportError(1, 3, 2, "boom"),
     PeerTimeout(0, 2, 1, "no data"),
     PeerDisconnected(0, None, None, "closed"),
@@ -63,3 +67,16 @@ def test_error_names_have_one_home() -> None:
     for name in ("PeerFailed", "DeadlineExceeded", "HandshakeMismatch", "TornModelError", "NothingToApply"):
         assert getattr(weightbridge, name) is getattr(__import__("weightbridge.errors", fromlist=[name]), name)
         assert not hasattr(weightbridge.bridge, name) and not hasattr(weightbridge.sync, name)
+
+
+def test_engine_mismatch_is_one_class_for_every_engine() -> None:
+    """``except EngineMismatch`` catches the vLLM and the SGLang integration's (no engine module defines one)."""
+    import ast
+    from pathlib import Path
+
+    import weightbridge.integrations as integrations
+
+    defined = [str(path) for path in Path(integrations.__path__[0]).rglob("*.py")
+               if any(isinstance(node, ast.ClassDef) and node.name in ("EngineMismatch", "InitRefused")
+                      for node in ast.walk(ast.parse(path.read_text())))]
+    assert defined == []

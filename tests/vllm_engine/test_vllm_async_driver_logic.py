@@ -27,7 +27,10 @@ class FakeAsyncLLM:
         self.error, self.calls = error, []
 
     async def init_weight_transfer_engine(self, request):
-        self.calls.append(("init", request.init_info["instance"]))
+        from weightbridge.integrations._engine.init_command import InitGate
+
+        info = request.init_info  # a sealed init command, as the workers check it
+        self.calls.append(("init", InitGate().open(info["payload"], info["seal"], "worker").instance))
 
     async def update_weight_version(self, label):
         self.calls.append(("label", label))
@@ -57,6 +60,7 @@ def _ack(store, rank, version, stage="applied"):
     key = Keys("wb").ack(stage, rank)
     store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
                                                                 stage=stage))))
+    store.check([key])  # set sends no reply: return once the store has it, as Board.ack does
 
 
 def test_updates_run_inside_pause_and_resume_labelled_with_the_applied_version():

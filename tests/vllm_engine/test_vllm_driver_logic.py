@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightbridge.sync.messages import Ack, Keys, encode
+from weightbridge.sync.messages import Announce, Keys
 from weightbridge.transport.store import open_store
 
 SPEC = """version: 1
@@ -39,13 +39,18 @@ class FakeLLM:
         self.calls.append(("finish", weight_version))
 
 
-def _ack(store, rank: int, version: int) -> None:
-    """An ack as a rollout rank writes it: sealed with the job secret (tests/conftest.py sets one)."""
-    from weightbridge.sync.auth import signer_from_env
+def _board(store, rank: int):
+    """What a rollout rank writes its acks with (sealed with the job secret, which tests/conftest.py sets)."""
+    from weightbridge.sync.board import Board
+    from weightbridge.sync.control import ControlPlane
+    from weightbridge.sync.roster import ROLLOUT, RankId
 
-    key = Keys("wb").ack("applied", rank)
-    store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
-                                                                stage="applied"))))
+    return Board(ControlPlane(store, me=RankId(ROLLOUT, rank), keys=Keys("wb"), timeout_s=10))
+
+
+def _ack(store, rank: int, version: int) -> None:
+    """An ack as a rollout rank writes it (:meth:`Board.ack`)."""
+    _board(store, rank).ack("applied", Announce(seq=version, version=version, epoch=1))
 
 
 def test_a_failed_update_raises_its_own_error_even_when_reading_the_result_fails_too():
@@ -74,6 +79,23 @@ def test_the_driver_reads_the_applied_version_of_the_instance():
     seen = {r: sync.view.board.ack_of("applied", r) for r in sync.view.ranks}  # what the driver reads, if not 4
     assert applied == 4 and sync.version == 4, (seen, sync.view.ranks, llm.calls)
     assert llm.calls[-1] == ("finish", "4")
+
+
+def test_an_ack_is_there_for_every_reader_the_moment_the_rank_wrote_it():
+    """The race behind a flaky driver test: TCPStore's ``set`` sends no reply, so a read on another
+    connection (the driver's view, right after the workers' apply returned) could be answered before
+    the server handled the set, and see the previous ack or none (the driver then returned None with
+    both acks on the store a moment later). ``Board.ack`` returns only once the store has it."""
+    from weightbridge.bridge import InstanceView, load_spec
+
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    writer = _board(open_store("127.0.0.1", store.port, is_master=False, timeout_s=10), 0)  # the rank's connection
+    view = InstanceView.connect(load_spec(SPEC.replace("tp: 2", "tp: 1")), 0, host="127.0.0.1", port=store.port)
+    seen = []
+    for version in range(1, 1001):  # without the wait, ~7% of these reads missed on a 2-core machine
+        writer.ack("applied", Announce(seq=version, version=version, epoch=1))
+        seen.append(view.applied())
+    assert seen == list(range(1, 1001)), [(v, s) for v, s in enumerate(seen, 1) if s != v][:5]
 
 
 def test_the_conformance_unit_raises_nothing_to_apply_before_any_version():

@@ -120,6 +120,7 @@ def _ack(store, rank, version, stage="applied"):
     key = Keys("wb").ack(stage, rank)
     store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
                                                                 stage=stage))))
+    store.check([key])  # set sends no reply: return once the store has it, as Board.ack does
 
 
 def test_the_http_client_names_the_server_and_route_on_every_failure(fake):
@@ -159,13 +160,16 @@ def test_a_server_recreates_only_weightbridge_errors(fake):
 
 
 def test_servers_update_inside_pause_and_resume_with_the_applied_label(fake):
+    from weightbridge.integrations._engine.init_command import InitGate
     from weightbridge.integrations.vllm.server import VLLMServers
 
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
     servers = VLLMServers([fake], SPEC, host="127.0.0.1", port=store.port, probe="off", pause="wait")
     servers.init(initial_version=0, ready_timeout_s=5)
     assert [c[0] for c in FakeRoutes.calls] == ["/health", "/init_weight_transfer_engine", "/update_weight_version"]
-    assert FakeRoutes.calls[1][2]["init_info"]["instance"] == 0 and FakeRoutes.calls[2][2] == {"new_version": "0"}
+    init_info = FakeRoutes.calls[1][2]["init_info"]
+    assert InitGate().open(init_info["payload"], init_info["seal"], "worker").instance == 0  # sealed, fresh
+    assert FakeRoutes.calls[2][2] == {"new_version": "0"}
     FakeRoutes.calls.clear()
     assert servers.update() == [None] and FakeRoutes.calls == []  # nothing staged: nothing paused
     for r in (0, 1):

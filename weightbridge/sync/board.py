@@ -132,9 +132,15 @@ class Board:
         return self.keys.announce
 
     def ack(self, stage: str, ann: Announce) -> None:
-        """Rollout ranks: this rank has push ``ann`` ``staged`` or ``applied`` (bound to its join nonce)."""
-        self.cp.set(self.keys.ack(stage, self.me.rank), Ack(rank=self.me.rank, version=ann.version, seq=ann.seq,
-                                                             epoch=ann.epoch, stage=stage, nonce=self.nonce))
+        """Rollout ranks: this rank has push ``ann`` ``staged`` or ``applied`` (bound to its join nonce).
+
+        Returns once the store holds it: a driver reads the acks the moment the workers' apply
+        returned (``InstanceView.applied``), on another connection, and TCPStore's ``set`` sends no
+        reply, so without a round trip on this connection that read could be answered first."""
+        key = self.keys.ack(stage, self.me.rank)
+        self.cp.set(key, Ack(rank=self.me.rank, version=ann.version, seq=ann.seq, epoch=ann.epoch, stage=stage,
+                             nonce=self.nonce))
+        self.cp.exists([key])  # the round trip: this connection's requests are handled in order
 
     def ack_of(self, stage: str, rollout_rank: int) -> Ack | None:
         key = self.keys.ack(stage, rollout_rank)

@@ -154,8 +154,12 @@ class FaultHook:
     """``on_round`` hook: SIGKILL this process after round ``round`` of version ``version``.
 
     Picklable; reads the announced version from the store (so it works in any process of the
-    rank) and records the kill time under ``wbtest/killed_at`` first.
+    rank) and records the kill time under ``wbtest/killed_at`` first. Reaches an engine's worker
+    processes by name (``hook_name``, with ``hook_params()``: registered in
+    ``weightbridge.integrations._engine.hooks``), never pickled.
     """
+
+    hook_name = "suite.kill-after-round"
 
     def __init__(self, host: str, port: int, prefix: str, timeout_s: float, version: int, round: int) -> None:
         self.args = (host, port, prefix, timeout_s, version, round)
@@ -163,6 +167,10 @@ class FaultHook:
 
     def __reduce__(self):
         return (FaultHook, self.args)
+
+    def hook_params(self) -> dict[str, Any]:
+        """The constructor's keyword arguments (JSON scalars)."""
+        return dict(zip(("host", "port", "prefix", "timeout_s", "version", "round"), self.args))
 
     def __call__(self, index: int) -> None:
         host, port, prefix, timeout_s, version, round_ = self.args

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-LOADER = "weightbridge.integrations.sglang.worker.load"
+from weightbridge.integrations.sglang.commands import LOADER  # defined beside the wire format (no cycle)
+
 INSTALL_HINT = (
     "SGLang is not installed: pip install 'weightbridge-rl[sglang]' (GPU machines); on a CPU-only machine "
     "build the test environment with .ci/sglang_venv.sh (SGLang --no-deps, torch CPU, shims)"

@@ -10,7 +10,9 @@ rank applied from the control store, but not a failure's typed error.
 
 Both directions are hostile input: a command is size-bounded and validated (pydantic, extra
 fields forbidden) before anything runs; a bad one is answered with an error, never raised in the
-worker (an exception in a custom loader would end SGLang's scheduler process).
+worker (an exception in a custom loader would end SGLang's scheduler process). Commands are data
+only (JSON; nothing is unpickled), and ``init`` carries the sealed init command the worker checks
+against the job secret of its own environment before anything of it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+LOADER = "weightbridge.integrations.sglang.worker.load"  # the custom weight loader SGLang calls (load_format)
 PREFIX = "weightbridge:"
 MAX_COMMAND_BYTES = 4 << 20  # a spec is a few kB; the bound keeps a hostile name from costing much
 MAX_REPLY_BYTES = 64 << 20
@@ -38,18 +41,10 @@ class Command(BaseModel):
     # update
     version: int | None = Field(None, ge=0)
     timeout_s: float | None = Field(None, gt=0, le=86400)
-    # init (the fields of SGLangWeightSync)
-    spec: str | None = None
-    spec_name: str = "<spec>"
-    base_dir: str | None = None
-    host: str | None = None
-    port: int | None = Field(None, ge=0, le=65535)
-    instance: int = Field(0, ge=0)
-    staging: bool | None = None
-    probe: Literal["check", "off"] = "check"
-    cache_dir: str | None = None
-    prefix: str = "wb"
-    on_round: str | None = None  # test hook only: a pickled callable, base64 (see SGLangWeightSync)
+    # init: the sealed init command every engine integration shares (its JSON text and the job
+    # secret's MAC over it; weightbridge.integrations._engine.init_command), checked by the worker
+    payload: str | None = None
+    seal: str | None = None
     # check
     checkpoint: str | None = None
 

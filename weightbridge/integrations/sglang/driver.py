@@ -29,8 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from weightbridge.integrations.sglang import LOADER
-from weightbridge.integrations.sglang.commands import Command, encode, read_reply
+from weightbridge.integrations.sglang.commands import LOADER, Command, encode, read_reply
 
 log = logging.getLogger(__name__)
 
@@ -167,26 +166,26 @@ class SGLangWeightSync:
     ) -> None:
         """``engine``: an ``sglang.Engine`` (started with ``custom_weight_loader=[LOADER]``) or the URL
         of an SGLang HTTP server (started with ``--custom-weight-loader LOADER``). ``options``: the
-        workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``, a picklable
-        test hook sent pickled to the workers; no ``data_plane``). ``reply_dir``: where the workers
+        workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round`` only as a
+        registered test hook, which reaches the workers by name:
+        :mod:`weightbridge.integrations._engine.hooks`; no ``data_plane``). The init command is
+        sealed with the job secret, which the workers check against their own environment's. ``reply_dir``: where the workers
         write their replies ("auto": a fresh temporary directory, right when the engine runs on
         this host; None: no replies, failures are then known only from the versions on the control
         store). ``flush_cache``: SGLang's flush of the KV cache after each applied update. ``api_key``:
         the HTTP server's admin key (``--admin-api-key``), sent as a bearer token."""
-        from weightbridge.bridge import BridgeOptions, InstanceView, load_spec
+        from weightbridge.bridge import InstanceView
+        from weightbridge.integrations._engine.init_command import prepare
 
-        options = options if options is not None else BridgeOptions()
-        if options.data_plane is not None:
-            raise ValueError("BridgeOptions.data_plane cannot reach SGLang's worker processes")
-        path = Path(spec)
-        is_file = "\n" not in str(spec) and path.is_file()
-        text = path.read_text() if is_file else str(spec)
-        self.resolved = load_spec(path if is_file else text)  # fails here, with file:line, before any call
+        # fails here, with file:line, before any call
+        prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
+                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+        self.resolved = prepared.resolved
         self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
         self.instance = instance
-        self.prefix = options.prefix
+        self.prefix = prepared.prefix
         self.flush_cache = flush_cache
-        self.timeout_s = float(timeout_s or self.resolved.sync.timeout_s)
+        self.timeout_s = prepared.timeout_s
         self.version: int | None = None
         self._own_reply_dir = reply_dir == "auto"
         self.reply_dir = tempfile.mkdtemp(prefix="wb-sglang-") if reply_dir == "auto" else reply_dir
@@ -195,15 +194,7 @@ class SGLangWeightSync:
                                          timeout_s=self.timeout_s)
         self.rollout_ranks = list(self.view.ranks)
         self.initial_label = self.client.weight_version()
-        init = {
-            "spec": text, "spec_name": str(spec) if is_file else "<spec>",
-            "base_dir": str(path.resolve().parent) if is_file else str(Path.cwd()),
-            "host": host, "port": int(port), "instance": instance, "staging": staging, "probe": probe,
-            "cache_dir": cache_dir, "timeout_s": self.timeout_s, "prefix": self.prefix,
-        }
-        if options.on_round is not None:
-            init["on_round"] = base64.b64encode(pickle.dumps(options.on_round)).decode()
-        self.call("init", **init)
+        self.call("init", **prepared.sealed())
 
     # -- the protocol -----------------------------------------------------------------------------
     def call(self, op: str, *, weight_version: str | None = None, flush_cache: bool = False, raise_errors: bool = True,

@@ -1,4 +1,4 @@
-"""Probe SGLang's own ``load_weights`` inside a worker and check the spec's layout against it.
+"""Probe SGLang's own ``load_weights`` inside a worker (the check itself: :mod:`.._engine.probing`).
 
 Runs in the SGLang worker (the ``init`` command of :mod:`.worker`). A second instance of the
 worker's model class (same HF config, quantisation config and parallel state; built on the
@@ -14,26 +14,19 @@ that, probe once where there is room, pin the fingerprints in the spec and pass 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from weightbridge.integrations._engine import probing as common
 from weightbridge.layout.ir import RankLayout
-from weightbridge.layout.normalize import layout_fingerprint
 
-log = logging.getLogger(__name__)
-
-CACHE_ENV = "WEIGHTBRIDGE_CACHE_DIR"
+CACHE_ENV = common.CACHE_ENV
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "weightbridge")
-    return Path(root) / "sglang-probe"
+    return common.default_cache_dir("sglang-probe")
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -50,18 +43,15 @@ def probe_key(model: torch.nn.Module, par: dict[str, int], canonical: Any) -> st
     import sglang
 
     cfg = model.config
-    parts = {
-        "format": 1,
+    return common.probe_key_of({
         "sglang": sglang.__version__,
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "hf_config": cfg.to_dict() if hasattr(cfg, "to_dict") else str(cfg),
         "quant": str(getattr(model, "quant_config", None)),
         "dtype": str(model_dtype(model)),
         "parallel": par,
-        "canonical": [(t.name, list(t.shape), t.dtype) for t in canonical.tensors],
-    }
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:24]
+        "canonical": common.canonical_parts(canonical),
+    })
 
 
 def fresh_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -85,57 +75,20 @@ def fresh_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def probe_sglang_worker(model: torch.nn.Module, canonical: Any, layout: RankLayout) -> Any:
     """Probe a fresh copy of the worker's model class; returns a :class:`ProbeResult`."""
-    from weightbridge.probe import probe_loader
-
     probe_model = fresh_model(model)  # dropped on return: nothing below keeps a reference
 
     def load_weights(weights: Any) -> Any:
         with torch.no_grad():
             return probe_model.load_weights(weights)
 
-    return probe_loader(
-        canonical, load_weights, lambda: dict(probe_model.named_parameters()), side="rollout", rank=layout.rank,
-        instance=layout.instance, local_rank=layout.local_rank, coords=dict(layout.coords),
+    return common.probe_model(canonical, layout, load_weights, lambda: dict(probe_model.named_parameters()))
+
+
+def check_against_engine(model: torch.nn.Module, par: dict[str, int], me: str, resolved: Any, layout: RankLayout,
+                         *, cache_dir: str | None = None) -> RankLayout:
+    """The probed layout of this worker's loader (cached); ``EngineMismatch`` unless it is the spec's."""
+    return common.check_against_engine(
+        me, "SGLang", resolved, layout, key=probe_key(model, par, resolved.canonical),
+        cache=Path(cache_dir) if cache_dir else default_cache_dir(),
+        probe=lambda: probe_sglang_worker(model, resolved.canonical, layout),
     )
-
-
-def check_against_engine(receiver: Any, resolved: Any, layout: RankLayout, *,
-                         cache_dir: str | None = None) -> RankLayout:
-    """Probe (or read the cached probe of) this worker's loader; raise ``EngineMismatch`` unless it
-    equals the spec's layout for this rank and any pinned fingerprint. Returns the probed layout."""
-    from weightbridge.integrations.sglang.worker import EngineMismatch
-    from weightbridge.probe import read_probe_json, write_probe_json
-    from weightbridge.probe.diff import diff_layouts, format_diff
-
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = cache / f"{probe_key(receiver.model, receiver.par, resolved.canonical)}.json"
-    probed: RankLayout | None = None
-    if path.is_file():
-        try:
-            probed = read_probe_json(path)
-            log.info("weightbridge: %s: probe read from cache %s", receiver.me, path)
-        except (ValueError, KeyError) as exc:
-            log.warning("weightbridge: %s: ignoring unreadable probe cache %s (%s)", receiver.me, path, exc)
-    if probed is None:
-        res = probe_sglang_worker(receiver.model, resolved.canonical, layout)
-        if not res.ok:
-            raise EngineMismatch(receiver.me, f"probing SGLang's load_weights gave no clean layout:\n{res.summary()}")
-        cache.mkdir(parents=True, exist_ok=True)
-        write_probe_json(res, path)
-        probed = res.layout
-        log.info("weightbridge: %s: probed SGLang's loader (%s), cached at %s", receiver.me, res.summary(), path)
-    diffs = diff_layouts(layout, probed)
-    if diffs:
-        raise EngineMismatch(
-            receiver.me,
-            f"the spec's rollout layout (A) differs from what SGLang's load_weights does (B) in {len(diffs)} "
-            f"tensor(s):\n{format_diff(diffs, limit=5)}\n(fix the spec's rollout rules; probe JSON: {path})",
-        )
-    pinned = resolved.spec.rollout.pins.get(layout.local_rank)
-    if pinned is not None and layout_fingerprint(probed) != pinned:
-        raise EngineMismatch(
-            receiver.me,
-            f"SGLang's loader now gives layout {layout_fingerprint(probed)}, the spec pins {pinned} for rank "
-            f"{layout.local_rank}: the engine changed; re-probe and re-pin (probe JSON: {path})",
-        )
-    return probed

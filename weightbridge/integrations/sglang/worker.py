@@ -6,9 +6,11 @@ batches and inside a ``begin_weight_update`` / ``end_weight_update`` session (pa
 to checkpoint format before, SGLang's post-load processing after). Each payload entry's name is a
 :class:`~weightbridge.integrations.sglang.commands.Command`:
 
-``init``     resolve the spec, check it against this engine (mesh; probe of SGLang's own
-             ``load_weights``, :mod:`.probing`; pins), join the bridge as rollout rank
-             ``instance * tp_size + tp_rank`` over receive buffers in the checkpoint format
+``init``     check the sealed init command (:mod:`weightbridge.integrations._engine.init_command`),
+             resolve the spec, check it against this engine (mesh; probe of SGLang's own
+             ``load_weights``, :mod:`.probing`; pins), then leave the bridge of a previous init
+             and join as rollout rank ``instance * tp_size + tp_rank`` over receive buffers in
+             the checkpoint format (a refused init leaves the running bridge as it was)
 ``update``   ``RolloutBridge.apply_instance(version)`` on every TP rank (they agree through the
              control store), then write the buffers into the model with SGLang's ``direct``
              loading (``default_weight_loader`` per parameter) and run ``post_load_weights``
@@ -26,27 +28,18 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from weightbridge.errors import BridgeError, error_data
+from weightbridge.errors import BridgeError, EngineMismatch, error_data
+from weightbridge.integrations._engine.init_command import InitGate
 from weightbridge.integrations.sglang.commands import Command, CommandError, decode, reply_path, write_reply
 
 log = logging.getLogger(__name__)
 
 _RECEIVER: Receiver | None = None  # one per SGLang worker process
-TEST_HOOKS_ENV = "WEIGHTBRIDGE_SGLANG_TEST_HOOKS"  # "1": accept the pickled on_round test hook
-
-
-class EngineMismatch(BridgeError):
-    """The spec does not describe this SGLang engine (mesh, layout or pinned fingerprint); names the rank."""
-
-    def __init__(self, rank: str, message: str) -> None:
-        self.rank = rank
-        self.message = message
-        super().__init__(f"{rank}: {message}")
+_GATE = InitGate()  # this worker's checks of init commands (replays refused across inits)
 
 
 def parallel() -> dict[str, int]:
@@ -94,10 +87,12 @@ def load(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> None:
 def _run(model: torch.nn.Module, cmd: Command, rank: int) -> dict[str, Any]:
     global _RECEIVER
     if cmd.op == "init":
-        if _RECEIVER is not None:  # re-initialised (a new spec or phase): leave the old bridge first
+        joining = Receiver(model, cmd)  # every check; raises before the running bridge is touched
+        if _RECEIVER is not None:  # re-initialised (a new spec or phase): leave the old bridge
             _RECEIVER.close()
             _RECEIVER = None
-        _RECEIVER = Receiver(model, cmd)
+        joining.join()
+        _RECEIVER = joining
         return _RECEIVER.status()
     if cmd.op == "close":
         receiver, _RECEIVER = _RECEIVER, None
@@ -110,76 +105,53 @@ def _run(model: torch.nn.Module, cmd: Command, rank: int) -> dict[str, Any]:
 
 
 class Receiver:
-    """One rollout rank of the bridge inside one SGLang worker."""
+    """One rollout rank of the bridge inside one SGLang worker: built from an init command (every
+    check), then :meth:`join` (the bridge)."""
 
     def __init__(self, model: torch.nn.Module, cmd: Command) -> None:
-        from weightbridge.bridge import BridgeOptions, RolloutBridge
-        from weightbridge.spec.errors import SpecErrors
-        from weightbridge.spec.resolve import check_text
-        from weightbridge.tensors import empty_like_layout
+        from weightbridge.integrations._engine.joining import admit
 
         self.model = model
         self.par = parallel()
-        self.me = f"SGLang worker {self.par['tp_rank']}"
         self.last_error: BaseException | None = None
         self.history: list[int] = []
         self.timings: dict[str, float] = {}
-        on_round = None
-        if cmd.on_round:  # test hook (the conformance suite's fault injection); see SGLangWeightSync
-            import base64
-            import os
-            import pickle
-
-            # Unpickling runs code, and commands arrive through SGLang's admin API (HTTP too): only
-            # an engine started with the hook switched on in its environment accepts one.
-            if os.environ.get(TEST_HOOKS_ENV) != "1":
-                raise PermissionError(f"{self.me}: init carries an on_round test hook; refused unless the engine's "
-                                      f"environment has {TEST_HOOKS_ENV}=1 (tests only: it unpickles)")
-            on_round = pickle.loads(base64.b64decode(cmd.on_round))
-        if not cmd.spec or cmd.host is None or cmd.port is None:
-            raise ValueError("init needs spec, host and port")
-        resolved, problems = check_text(cmd.spec, cmd.spec_name, Path(cmd.base_dir) if cmd.base_dir else None)
-        if problems or resolved is None:
-            raise SpecErrors(problems)
-        layout = self._my_layout(resolved, cmd.instance)
-        self.me = f"rollout {layout.rank} (instance {cmd.instance}, SGLang TP rank {self.par['tp_rank']})"
+        self.bridge: Any = None
+        tp_rank = self.par["tp_rank"]
+        self.admitted = admit(_GATE, cmd.payload, cmd.seal, me=f"SGLang worker {tp_rank}", engine="SGLang",
+                              index=tp_rank, mesh={k: self.par[k] for k in ("tp", "pp", "ep")},
+                              world=self.par["tp"] * self.par["pp"], worker=f"SGLang TP rank {tp_rank}")
+        self.me = self.admitted.me
+        self.timeout_s = self.admitted.timeout_s
         self.device = next(model.parameters()).device
         self.probed: Any = None
-        if cmd.probe == "check":
+        if self.admitted.cmd.probe == "check":
             from weightbridge.integrations.sglang.probing import check_against_engine
 
-            self.probed = check_against_engine(self, resolved, layout, cache_dir=cmd.cache_dir)
-        self.timeout_s = float(cmd.timeout_s or resolved.sync.timeout_s)
+            self.probed = check_against_engine(model, self.par, self.me, self.admitted.resolved, self.admitted.layout,
+                                               cache_dir=self.admitted.cmd.cache_dir)
         params = dict(model.named_parameters())
-        self.buffers = empty_like_layout(layout, device=self.device)
-        missing = [n for n, t in self.buffers.items() if n not in params or params[n].shape != t.shape]
+        missing = [t.name for t in self.admitted.layout.tensors
+                   if t.name not in params or tuple(params[t.name].shape) != tuple(t.shape)]
         if missing:
             raise EngineMismatch(self.me, f"the spec's local tensors {missing[:5]} are not parameters of SGLang's "
                                           f"model with these shapes (probe='check' says why)")
-        with torch.no_grad():  # start from what the engine serves: an apply before any push changes nothing
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def join(self) -> None:
+        """Open the bridge over receive buffers that hold what the engine serves now (an apply
+        before any push changes nothing)."""
+        from weightbridge.integrations._engine.joining import open_bridge
+        from weightbridge.tensors import empty_like_layout
+
+        params = dict(self.model.named_parameters())
+        self.buffers = empty_like_layout(self.admitted.layout, device=self.device)
+        with torch.no_grad():
             for name, buf in self.buffers.items():
                 buf.copy_(params[name])
-        self.bridge = RolloutBridge.from_spec(
-            resolved, rank=layout.rank, tensors=self.buffers, host=cmd.host, port=cmd.port, staging=cmd.staging,
-            options=BridgeOptions(prefix=cmd.prefix, on_round=on_round),
-        )
+        self.bridge = open_bridge(self.admitted, self.buffers)
         log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
                  self.bridge.staging)
-
-    def _my_layout(self, resolved: Any, instance: int) -> Any:
-        rollout = resolved.rollout
-        if not 0 <= instance < rollout.num_instances:
-            raise EngineMismatch(self.me, f"instance {instance} out of range: the spec has {rollout.num_instances}")
-        ranks = sorted(rollout.instance_ranks(instance), key=lambda r: r.local_rank)
-        mesh = resolved.spec.rollout.mesh
-        have = {"tp": int(mesh.get("tp", 1)), "pp": int(mesh.get("pp", 1)), "ep": int(mesh.get("ep", 1))}
-        want = {k: self.par[k] for k in have}
-        if len(ranks) != self.par["tp"] * self.par["pp"] or want != have:
-            raise EngineMismatch(
-                self.me, f"the spec's rollout mesh {have} ({len(ranks)} ranks per instance) does not match this "
-                f"SGLang engine (tp_size={want['tp']}, pp_size={want['pp']}, ep_size={want['ep']})",
-            )
-        return ranks[self.par["tp_rank"]]
 
     # -- ops ------------------------------------------------------------------------------------
     def op_update(self, cmd: Command) -> dict[str, Any]:
@@ -223,7 +195,7 @@ class Receiver:
 
     def status(self) -> dict[str, Any]:
         last, self.last_error = self.last_error, None
-        return {"rank": self.me, "version": self.bridge.version if hasattr(self, "bridge") else None,
+        return {"rank": self.me, "version": self.bridge.version if self.bridge is not None else None,
                 "history": list(self.history), "timings": dict(self.timings),
                 "last_error": None if last is None else error_data(last)}
 
@@ -248,7 +220,6 @@ class Receiver:
         return {"problems": check_worker(self, cmd.checkpoint)}
 
     def close(self) -> None:
-        bridge = getattr(self, "bridge", None)
+        bridge, self.bridge = self.bridge, None
         if bridge is not None:
             bridge.close()
-            self.bridge = None

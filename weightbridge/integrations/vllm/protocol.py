@@ -3,8 +3,9 @@
 vLLM's protocol is the same whatever holds the engine (``LLM``, ``AsyncLLM`` or ``vllm serve``'s
 HTTP routes): ``init_weight_transfer_engine(init_info)`` once, then per update
 ``start_weight_update`` / ``update_weights(update_info)`` / ``finish_weight_update(weight_version)``.
-This module builds those values (no I/O, no vLLM import); :mod:`.driver` (``LLM``),
-:mod:`.async_driver` (``AsyncLLM``) and :mod:`.server` (HTTP) send them.
+This module builds those values (no I/O, no vLLM import; ``init_info`` is the sealed init command
+every engine integration shares, :mod:`weightbridge.integrations._engine.init_command`);
+:mod:`.driver` (``LLM``), :mod:`.async_driver` (``AsyncLLM``) and :mod:`.server` (HTTP) send them.
 
 Version labels: the driver passes the version the workers applied (read back from the bridge,
 never assumed) as ``weight_version``, ``str(v)``. vLLM stamps every engine step's outputs with the
@@ -20,7 +21,6 @@ spans back as integer versions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # vLLM's pause modes (``AsyncLLM.pause_generation(mode=...)``, ``POST /pause?mode=``): what happens
@@ -31,53 +31,8 @@ from typing import Any
 #   wait:  the update waits until they finished (entirely on the old weights)
 #   abort: they end at once (finish_reason "abort"), with the tokens they had
 PAUSE_MODES = ("keep", "wait", "abort")
+BACKEND = "weightbridge"  # vLLM's weight_transfer_config.backend that selects weightbridge's engine
 INITIAL_LABEL = "default"  # vLLM's label before any finish_weight_update / update_weight_version
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A spec checked in the driver and the ``init_info`` every worker receives."""
-
-    resolved: Any
-    init_info: dict[str, Any]
-    timeout_s: float
-    prefix: str
-
-
-def prepare(spec: str | Path, *, host: str, port: int, instance: int = 0, staging: bool | None = None,
-            probe: str = "check", cache_dir: str | None = None, timeout_s: float | None = None,
-            options: Any = None) -> Prepared:
-    """Validate ``spec`` (a path or YAML text) here, before any RPC, and build ``init_info``.
-
-    Raises the spec's errors (``file:line: $.path: message``) and ``ValueError`` for options the
-    workers cannot take (a ``data_plane``: it cannot reach vLLM's worker processes).
-    """
-    from weightbridge.bridge import BridgeOptions, load_spec
-
-    options = options if options is not None else BridgeOptions()
-    if options.data_plane is not None:
-        raise ValueError("BridgeOptions.data_plane cannot reach vLLM's worker processes")
-    if probe not in ("check", "off"):
-        raise ValueError(f"probe must be 'check' or 'off', got {probe!r}")
-    path = Path(spec)
-    is_file = "\n" not in str(spec) and path.is_file()
-    text = path.read_text() if is_file else str(spec)
-    resolved = load_spec(path if is_file else text)
-    if not 0 <= instance < resolved.rollout.num_instances:
-        raise ValueError(f"instance {instance} outside [0, {resolved.rollout.num_instances}) of the spec")
-    wait = float(timeout_s or resolved.sync.timeout_s)
-    init_info: dict[str, Any] = {
-        "spec": text, "spec_name": str(spec) if is_file else "<spec>",
-        "base_dir": str(path.resolve().parent) if is_file else str(Path.cwd()),
-        "host": host, "port": int(port), "instance": instance, "staging": staging, "probe": probe,
-        "cache_dir": cache_dir, "timeout_s": wait, "prefix": options.prefix,
-    }
-    if options.on_round is not None:  # test hook: a picklable callable, as base64 text (msgpack/JSON-safe)
-        import base64
-        import pickle
-
-        init_info["on_round"] = base64.b64encode(pickle.dumps(options.on_round)).decode()
-    return Prepared(resolved=resolved, init_info=init_info, timeout_s=wait, prefix=options.prefix)
 
 
 def update_info(version: int | None, timeout_s: float) -> dict[str, Any]:

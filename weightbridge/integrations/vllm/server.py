@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from weightbridge.errors import BridgeError
-from weightbridge.integrations.vllm.protocol import check_pause, label, prepare, update_info
+from weightbridge.integrations._engine.init_command import prepare
+from weightbridge.integrations.vllm.protocol import check_pause, label, update_info
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class VLLMServers:
         if len(urls) != resolved.rollout.num_instances:
             raise ValueError(f"{len(urls)} server URLs for the spec's {resolved.rollout.num_instances} rollout "
                              "instance(s): give one URL per instance, in instance order")
-        self.init_infos = [{**prepared.init_info, "instance": i} for i in range(len(urls))]
+        self.prepared = prepared  # init commands are sealed per send (fresh: a replay is refused)
         self.resolved = resolved
         self.timeout_s = prepared.timeout_s
         # An update waits up to timeout_s in the workers, plus the pause ("wait" drains requests).
@@ -196,7 +197,7 @@ class VLLMServers:
             server = self.servers[i]
             server.wait_ready(ready_timeout_s)
             try:
-                server.call("/init_weight_transfer_engine", {"init_info": self.init_infos[i]})
+                server.call("/init_weight_transfer_engine", {"init_info": self.prepared.sealed(instance=i)})
             except ServerError as exc:
                 raise (server.typed_error() or exc) from exc
             if initial_version is not None:

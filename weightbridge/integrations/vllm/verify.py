@@ -2,8 +2,8 @@
 
 Runs in a vLLM worker (``llm.collective_rpc("weightbridge_check", args=(checkpoint_dir,))`` with
 ``worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension"``). A second copy of the
-model class loads the checkpoint with vLLM's own ``load_weights`` (HF names, as at engine start),
-then the comparison is bitwise, in two frames:
+model class loads the checkpoint with vLLM's own ``load_weights`` (HF names, as at engine start);
+the comparison (:func:`weightbridge.integrations._engine.verify.compare`) is bitwise, in two frames:
 
 1. checkpoint format: the engine's receive buffers (what weightbridge wrote into the model) vs
    the copy's parameters after ``load_weights`` and before post-processing; names and values;
@@ -14,25 +14,15 @@ then the comparison is bitwise, in two frames:
 
 from __future__ import annotations
 
-import glob
-import os
 from typing import Any
 
 import torch
 
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu().contiguous()
-    return t.view(torch.uint8) if t.numel() else t
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+from weightbridge.integrations._engine.verify import checkpoint_files, checkpoint_weights, compare
 
 
 def check_worker(worker: Any, checkpoint_dir: str, limit: int = 10) -> list[str]:
     """Mismatches (empty: bitwise identical in both frames) for this worker's rank."""
-    from safetensors import safe_open
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
@@ -40,35 +30,17 @@ def check_worker(worker: Any, checkpoint_dir: str, limit: int = 10) -> list[str]
 
     engine = worker.weight_transfer_engine
     cfg = worker.vllm_config
-    copy_model = fresh_model(cfg, engine.device)
-    files = sorted(glob.glob(os.path.join(checkpoint_dir, "*.safetensors")))
+    files = checkpoint_files(checkpoint_dir)
     if not files:
         return [f"no *.safetensors in {checkpoint_dir}"]
-
-    def weights():
-        for path in files:
-            with safe_open(path, "pt") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    yield key, f.get_tensor(key)
-
+    copy_model = fresh_model(cfg, engine.device)
     with set_current_vllm_config(cfg), torch.no_grad():
-        copy_model.load_weights(weights())
-    bad: list[str] = []
-    pre = dict(copy_model.named_parameters())
-    if set(pre) != set(engine.buffers):
-        bad.append(f"checkpoint-format names differ: only vLLM {sorted(set(pre) - set(engine.buffers))[:5]}, "
-                   f"only weightbridge {sorted(set(engine.buffers) - set(pre))[:5]}")
-    for name in sorted(set(pre) & set(engine.buffers)):
-        if not _same(engine.buffers[name], pre[name]):
-            bad.append(f"checkpoint format: {name} differs from vLLM's load_weights")
-    with set_current_vllm_config(cfg):
-        process_weights_after_loading(copy_model, cfg.model_config, engine.device)
-    live = dict(engine.model.named_parameters())
-    post = dict(copy_model.named_parameters())
-    if set(live) != set(post):
-        bad.append(f"kernel-format names differ: {sorted(set(live) ^ set(post))[:5]}")
-    for name in sorted(set(live) & set(post)):
-        if not _same(live[name], post[name]):
-            bad.append(f"kernel format: {name} {tuple(live[name].shape)} differs from a fresh load + processing")
-    del copy_model
-    return bad[:limit]
+        copy_model.load_weights(checkpoint_weights(files))
+
+    def post_process() -> dict[str, torch.Tensor]:
+        with set_current_vllm_config(cfg):
+            process_weights_after_loading(copy_model, cfg.model_config, engine.device)
+        return dict(copy_model.named_parameters())
+
+    return compare("vLLM", "kernel", engine.buffers, dict(copy_model.named_parameters()), post_process,
+                   dict(engine.model.named_parameters()), limit)

@@ -1,0 +1,74 @@
+"""A worker's join of the bridge from an init command, in two steps so a refusal changes nothing.
+
+:func:`admit` (every check: the command's seal and freshness, the spec, this worker's rank of the
+spec against the engine's mesh, the test hook) touches nothing the worker runs; only then does
+the worker leave the bridge it ran (if any) and call :func:`open_bridge`. A refused, forged or
+mismatched re-init therefore leaves the running bridge as it was. Called in the engine's worker
+thread (vLLM: ``init_transfer_engine``; SGLang: the ``init`` command).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weightbridge.errors import EngineMismatch
+from weightbridge.integrations._engine import hooks
+from weightbridge.integrations._engine.init_command import InitGate, InitPayload
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An init command that passed every check, and what this worker is in the spec."""
+
+    cmd: InitPayload
+    resolved: Any  # ResolvedSpec
+    layout: Any  # this worker's RankLayout (rollout rank instance * ranks-per-instance + index)
+    me: str  # "rollout R (instance I, <engine> <worker>)"
+    on_round: Callable[[int], None] | None
+    timeout_s: float
+
+
+def admit(gate: InitGate, payload: Any, seal: Any, *, me: str, engine: str, index: int,
+          mesh: Mapping[str, int], world: int, worker: str) -> Admitted:
+    """Check an init command for this worker; raises ``InitRefused``, ``SpecErrors`` or ``EngineMismatch``.
+
+    ``index``: this worker's index within its engine (vLLM's worker rank, SGLang's TP rank);
+    ``mesh``: the engine's parallel sizes under the spec's mesh names (e.g. ``{"tp": 2, "pp": 1}``),
+    which must equal the spec's rollout mesh; ``world``: the engine's worker count; ``worker``:
+    how the engine names this worker in messages (``"vLLM worker 1"``).
+    """
+    from weightbridge.spec.errors import SpecErrors
+    from weightbridge.spec.resolve import check_text
+
+    cmd = gate.open(payload, seal, me)
+    on_round = hooks.build(cmd.test_hook, me)
+    resolved, problems = check_text(cmd.spec, cmd.spec_name, Path(cmd.base_dir) if cmd.base_dir else None)
+    if problems or resolved is None:
+        raise SpecErrors(problems)
+    rollout = resolved.rollout
+    if not 0 <= cmd.instance < rollout.num_instances:
+        raise EngineMismatch(me, f"instance {cmd.instance} out of range: the spec has {rollout.num_instances}")
+    ranks = sorted(rollout.instance_ranks(cmd.instance), key=lambda r: r.local_rank)
+    spec_mesh = resolved.spec.rollout.mesh
+    have = {k: int(spec_mesh.get(k, 1)) for k in mesh}
+    if len(ranks) != world or have != dict(mesh):
+        sizes = ", ".join(f"{k} {v}" for k, v in mesh.items())
+        raise EngineMismatch(me, f"the spec's rollout mesh {have} ({len(ranks)} ranks per instance) does not match "
+                                 f"this {engine} engine ({sizes}, {world} workers)")
+    layout = ranks[index]
+    return Admitted(cmd, resolved, layout, f"rollout {layout.rank} (instance {cmd.instance}, {worker})", on_round,
+                    float(cmd.timeout_s or resolved.sync.timeout_s))
+
+
+def open_bridge(admitted: Admitted, tensors: dict[str, Any]) -> Any:
+    """The worker's :class:`~weightbridge.bridge.RolloutBridge` over ``tensors`` (its receive buffers)."""
+    from weightbridge.bridge import BridgeOptions, RolloutBridge
+
+    cmd = admitted.cmd
+    return RolloutBridge.from_spec(
+        admitted.resolved, rank=admitted.layout.rank, tensors=tensors, host=cmd.host, port=cmd.port,
+        staging=cmd.staging, options=BridgeOptions(prefix=cmd.prefix, on_round=admitted.on_round),
+    )
