@@ -72,3 +72,17 @@ def open_bridge(admitted: Admitted, tensors: dict[str, Any]) -> Any:
         admitted.resolved, rank=admitted.layout.rank, tensors=tensors, host=cmd.host, port=cmd.port,
         staging=cmd.staging, options=BridgeOptions(prefix=cmd.prefix, on_round=admitted.on_round),
     )
+
+
+def poll_report(bridge: Any) -> dict[str, Any]:
+    """The worker's ``bridge.poll()`` for its driver: ``{"staged", "version", "error"}``; ``error`` is
+    None or a failed receive's typed error as plain data (:func:`~weightbridge.errors.error_data`)."""
+    from weightbridge.errors import BridgeError, error_data
+
+    out: dict[str, Any] = {"staged": None, "version": bridge.version, "error": None}
+    try:
+        bridge.poll()
+    except BridgeError as exc:
+        out["error"] = error_data(exc)
+    out["staged"] = bridge.staged_version
+    return out

@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from weightbridge.integrations._engine.driver import InstanceDriver
 from weightbridge.integrations.sglang.commands import LOADER, Command, encode, read_reply
 
 log = logging.getLogger(__name__)
@@ -144,26 +145,13 @@ def client_for(engine: Any) -> Any:
     return EngineClient(engine)
 
 
-class SGLangWeightSync:
+class SGLangWeightSync(InstanceDriver):
     """Connects one SGLang engine (one rollout instance of the spec) to the bridge."""
 
-    def __init__(
-        self,
-        engine: Any,
-        spec: str | Path,
-        *,
-        host: str,
-        port: int,
-        instance: int = 0,
-        staging: bool | None = None,
-        probe: str = "check",
-        cache_dir: str | None = None,
-        timeout_s: float | None = None,
-        options: Any = None,
-        reply_dir: str | Path | None = "auto",
-        flush_cache: bool = True,
-        api_key: str | None = None,
-    ) -> None:
+    def __init__(self, engine: Any, spec: str | Path, *, host: str, port: int, instance: int = 0,
+                 staging: bool | None = None, probe: str = "check", cache_dir: str | None = None,
+                 timeout_s: float | None = None, options: Any = None, reply_dir: str | Path | None = "auto",
+                 flush_cache: bool = True, api_key: str | None = None) -> None:
         """``engine``: an ``sglang.Engine`` (started with ``custom_weight_loader=[LOADER]``) or the URL
         of an SGLang HTTP server (started with ``--custom-weight-loader LOADER``). ``options``: the
         workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round`` only as a
@@ -174,25 +162,13 @@ class SGLangWeightSync:
         this host; None: no replies, failures are then known only from the versions on the control
         store). ``flush_cache``: SGLang's flush of the KV cache after each applied update. ``api_key``:
         the HTTP server's admin key (``--admin-api-key``), sent as a bearer token."""
-        from weightbridge.bridge import InstanceView
-        from weightbridge.integrations._engine.init_command import prepare
-
-        # fails here, with file:line, before any call
-        prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
-        self.resolved = prepared.resolved
+        prepared = self._connect(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
+                                 cache_dir=cache_dir, timeout_s=timeout_s, options=options)
         self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
-        self.instance = instance
-        self.prefix = prepared.prefix
         self.flush_cache = flush_cache
-        self.timeout_s = prepared.timeout_s
-        self.version: int | None = None
         self._own_reply_dir = reply_dir == "auto"
         self.reply_dir = tempfile.mkdtemp(prefix="wb-sglang-") if reply_dir == "auto" else reply_dir
         self._seq = 0
-        self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=self.prefix,
-                                         timeout_s=self.timeout_s)
-        self.rollout_ranks = list(self.view.ranks)
         self.initial_label = self.client.weight_version()
         self.call("init", **prepared.sealed())
 
@@ -239,10 +215,6 @@ class SGLangWeightSync:
             replies.append(reply)
         return replies
 
-    def staged(self) -> int | None:
-        """The newest version every worker of this instance has complete, or None."""
-        return self.view.staged()
-
     def update(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
         """Apply ``version`` (wait for it, up to ``timeout_s``) or, with None, the newest complete one.
 
@@ -251,11 +223,9 @@ class SGLangWeightSync:
         engine keeps serving the previous weights then, labelled as before.
         """
         previous = self.version
-        want = version
+        want = version if version is not None else self.newer_staged()
         if want is None:
-            want = self.staged()
-            if want is None or (previous is not None and want <= previous):
-                return None
+            return None
         label = str(want)
         try:
             replies = self.call("update", version=want, timeout_s=float(timeout_s or self.timeout_s),

@@ -182,13 +182,9 @@ class Receiver:
             post_load_weights(self.model)
 
     def op_poll(self, cmd: Command) -> dict[str, Any]:
-        out: dict[str, Any] = {"staged": None, "version": self.bridge.version}
-        try:
-            self.bridge.poll()
-        except BridgeError as exc:
-            out["error"] = error_data(exc)
-        out["staged"] = self.bridge.staged_version
-        return out
+        from weightbridge.integrations._engine.joining import poll_report
+
+        return poll_report(self.bridge)
 
     def op_status(self, cmd: Command) -> dict[str, Any]:
         return self.status()

@@ -110,16 +110,10 @@ class WorkerExtension:
     def weightbridge_poll(self) -> dict[str, Any]:
         """``bridge.poll()`` in this worker: ``{"rank", "staged", "version", "error"}``; ``error`` is
         None or a failed receive's typed error as plain data (see :func:`error_data`)."""
-        from weightbridge.errors import BridgeError
+        from weightbridge.integrations._engine.joining import poll_report
 
         engine = self._wb_engine()
-        out: dict[str, Any] = {"rank": engine.me, "staged": None, "version": engine.bridge.version, "error": None}
-        try:
-            engine.bridge.poll()
-        except BridgeError as exc:
-            out["error"] = error_data(exc)
-        out["staged"] = engine.bridge.staged_version
-        return out
+        return {"rank": engine.me, **poll_report(engine.bridge)}
 
     def weightbridge_last_error(self) -> dict[str, Any] | None:
         """The typed error of this worker's last failed init or update (as :func:`error_data`), then

@@ -22,28 +22,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from weightbridge.integrations._engine.driver import InstanceDriver
 from weightbridge.integrations.vllm.protocol import BACKEND
 
 log = logging.getLogger(__name__)
 
 
-class VLLMWeightSync:
+class VLLMWeightSync(InstanceDriver):
     """Connects one ``vllm.LLM`` (one rollout instance of the spec) to the bridge."""
 
-    def __init__(
-        self,
-        llm: Any,
-        spec: str | Path,
-        *,
-        host: str,
-        port: int,
-        instance: int = 0,
-        staging: bool | None = None,
-        probe: str = "check",
-        cache_dir: str | None = None,
-        timeout_s: float | None = None,
-        options: Any = None,
-    ) -> None:
+    def __init__(self, llm: Any, spec: str | Path, *, host: str, port: int, instance: int = 0,
+                 staging: bool | None = None, probe: str = "check", cache_dir: str | None = None,
+                 timeout_s: float | None = None, options: Any = None) -> None:
         """``options``: the workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``
         only as a registered test hook, which reaches the workers by name:
         :mod:`weightbridge.integrations._engine.hooks`; no ``data_plane``). The init command is
@@ -51,32 +41,16 @@ class VLLMWeightSync:
         ``sync.secret_file``), which the workers check against their own environment's.
         ``staging`` (default: the spec's) applies to every worker. ``timeout_s``: the default wait of
         :meth:`update` (default: the spec's ``sync.timeout_s``)."""
-        from weightbridge.bridge import InstanceView
-        from weightbridge.integrations._engine.init_command import prepare
-
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
         if backend != BACKEND:
             raise ValueError(
                 f"the LLM's weight_transfer_config.backend is {backend!r}: create it with "
                 f"LLM(..., weight_transfer_config=WeightTransferConfig(backend={BACKEND!r}))"
             )
-        # fails here, with file:line, before any RPC
-        prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
-        self.resolved = prepared.resolved
+        prepared = self._connect(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
+                                 cache_dir=cache_dir, timeout_s=timeout_s, options=options)
         self.llm = llm
-        self.instance = instance
-        self.prefix = prepared.prefix
-        self.timeout_s = prepared.timeout_s
-        self.version: int | None = None
-        self.view = InstanceView.connect(self.resolved, instance, host=host, port=port, prefix=self.prefix,
-                                         timeout_s=self.timeout_s)
-        self.rollout_ranks = list(self.view.ranks)
         llm.init_weight_transfer_engine({"init_info": prepared.sealed()})
-
-    def staged(self) -> int | None:
-        """The newest version every worker of this instance has complete, or None."""
-        return self.view.staged()
 
     def update(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
         """Apply ``version`` (wait for it, up to ``timeout_s``) or, with None, the newest complete one.
@@ -86,10 +60,8 @@ class VLLMWeightSync:
         by vLLM's RPC; the engine keeps serving the previous weights in that case.
         """
         previous = self.version
-        if version is None:
-            ready = self.staged()
-            if ready is None or (previous is not None and ready <= previous):
-                return None
+        if version is None and self.newer_staged() is None:
+            return None
         from weightbridge.integrations.vllm.protocol import update_info
 
         info = update_info(version, timeout_s or self.timeout_s)
