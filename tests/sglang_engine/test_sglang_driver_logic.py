@@ -209,7 +209,8 @@ def test_the_worker_entry_point_never_raises_and_answers_with_the_error(tmp_path
     reply = read_reply(tmp_path, 9, 1)
     assert reply["op"] == "update" and reply["tp_rank"] == 1
     assert reply["error"]["type"] == "builtins:RuntimeError" and "not initialised" in reply["error"]["message"]
-    bad_init = Command(op="init", seq=10, reply_dir=str(tmp_path), **_sealed_init("version: 1\nmodel: {bundled: nope}\n"))
+    bad_spec = _sealed_init("version: 1\nmodel: {bundled: nope}\n")
+    bad_init = Command(op="init", seq=10, reply_dir=str(tmp_path), **bad_spec)
     worker.load(model, [(encode(bad_init), torch.empty(0))])
     assert read_reply(tmp_path, 10, 1)["error"]["type"].endswith(":SpecErrors")
 

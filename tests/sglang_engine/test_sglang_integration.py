@@ -9,7 +9,9 @@ per applied version: every SGLang parameter bitwise equal to SGLang's own load (
 of the trainer's full checkpoint, greedy tokens equal to the trainer's HF model, SGLang's
 ``weight_version`` equal to the version; plus the engine refusing a spec whose qkv order disagrees
 with SGLang's loader (and still serving), and the probe cache equal to the ``sglang`` preset
-(``weightbridge diff`` exit 0).
+(``weightbridge diff`` exit 0). In the HTTP case a client without the job secret sends hostile init
+commands through the server's route after version 1 (``sglang_stranger.py``): each is refused
+typed, runs nothing, and the running bridge applies versions 2-4 bitwise.
 
 Needs the SGLang environment (``.ci/sglang_venv.sh``); without SGLang these tests skip, unless
 ``WEIGHTBRIDGE_REQUIRE_SGLANG=1`` (CI's SGLang phase sets it) makes that a failure.
@@ -39,7 +41,7 @@ def _run(kind: str, tp: int, tmp_path: Path, http: bool, megatron: bool = False)
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "report.json"
     cmd = [sys.executable, str(MAIN), kind, str(tp), str(tmp_path), str(out), str(STEPS)]
-    cmd += (["http"] if http else []) + (["megatron"] if megatron else [])
+    cmd += (["http", "stranger"] if http else []) + (["megatron"] if megatron else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, check=False,
                           start_new_session=True)
     summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("[sglang selfcheck]"))
@@ -65,6 +67,8 @@ def test_megatron_trainer_to_sglang(kind: str, tp: int, tmp_path: Path) -> None:
 
 def _check(report: dict, tp: int, tmp_path: Path) -> None:
     assert [t["ok"] for t in report["trainer"]] == [True, True], report["trainer"]
+    if report["http"]:
+        _check_stranger(report["updates"][0]["after"], tp)
 
     versions = [u["version"] for u in report["updates"]]
     assert versions == [1, 2, 3, 4]  # sync: each; async: staleness 1 means none is superseded
@@ -97,3 +101,17 @@ def _check(report: dict, tp: int, tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "identical" in proc.stdout
+
+
+def _check_stranger(seen: dict, tp: int) -> None:
+    """No code from the wire: the old format's pickled hook is no command (nothing unpickles it, no
+    marker file, no answer); an unsealed or forged init is refused typed by every TP worker
+    (InitRefused, kept as the running receiver's last error); the workers keep their bridge."""
+    assert seen["marker"] is False
+    assert seen["pickled hook"]["errors"] == [None] * tp
+    for name, why in (("unsealed", "not sealed with the job secret"), ("forged", "the seal does not verify")):
+        errors = seen[name]["errors"]
+        assert len(errors) == tp and all(e.startswith("weightbridge.errors:InitRefused: rollout ") and why in e
+                                         for e in errors), (name, errors)
+    assert seen["after"] == seen["before"] and {w[1] for w in seen["after"]} == {1}
+    assert seen["last_errors"] == ["weightbridge.errors:InitRefused"] * tp

@@ -55,7 +55,9 @@ The fixture contract (precisely):
   suite's control store (hosted by the pytest process, so any rank may be killed) and carries
   ``options`` (a :class:`~weightbridge.bridge.BridgeOptions`: the suite's key prefix and the
   ``on_round`` hook the fault scenarios use). Rollout kwargs are picklable, so an engine
-  that runs its ranks in worker processes it starts itself (vLLM) forwards them there.
+  that runs its ranks in worker processes it starts itself can forward them there; over an
+  engine's RPC or HTTP routes send the hook by name instead (weightbridge's vLLM and SGLang
+  integrations do: ``FaultHook.hook_name``, ``weightbridge.integrations._engine.hooks``).
   ``ctx.init_process_group()`` starts the side's own Gloo world if the framework needs one.
   Every rank process finds the run's job secret in ``WEIGHTBRIDGE_SECRET``; the ``impostor``
   scenario runs the trainer factory in processes given another one, so a side must take the

@@ -121,7 +121,8 @@ class RankContext:
         ``options``: a :class:`~weightbridge.bridge.BridgeOptions` with the suite's key prefix and
         fault hook (``on_round``); trainer: ``store`` (the suite hosts it, trainer rank 0 must not);
         rollout: ``host`` / ``port``. Rollout kwargs are picklable (the options included), so an
-        engine can forward them to its worker processes. Everything else (deadline, heartbeat,
+        engine can forward them to worker processes it starts; the fault hook also travels by
+        name (:class:`FaultHook`). Everything else (deadline, heartbeat,
         round size, how many instances a push waits for) is in the spec at :attr:`spec_path`.
         """
         from weightbridge.runtime.options import BridgeOptions

@@ -151,8 +151,10 @@ def generate(engine: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKEN
 
 def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("sync", "async"), steps: int = 2,
         timeout_s: float = 300.0, check_wrong_spec: bool = True, log: Any = print, trainer_kind: str = "fsdp2",
-        http: bool = False) -> dict[str, Any]:
+        http: bool = False, after_update: Any = None) -> dict[str, Any]:
     """The whole loop; returns a report (per applied version: mismatches, generations, labels).
+    ``after_update(v, engine, sync)``: called once version ``v`` is live and verified (its result in
+    the update's ``"after"``), e.g. a stranger's commands to the engine between two versions.
 
     Every wait is bounded: the trainer ranks are killed at ``timeout_s * (steps + 2)`` per mode,
     each update waits ``timeout_s``, the HTTP server is killed at the end.
@@ -216,6 +218,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
                 update_s = time.perf_counter() - t0
                 report["updates"].append(_verify(engine, sync, phase["mode"], v, workdir, update_s))
                 u = report["updates"][-1]
+                if after_update is not None:
+                    u["after"] = after_update(v, engine, sync)
                 log(f"[sglang selfcheck] {phase['mode']} v{v}: update {update_s * 1e3:.0f} ms, "
                     f"{u['problems'] or 'bitwise equal'}, generations {'equal' if u['generation_equal'] else 'DIFFER'}"
                     f", weight_version {u['labels']}")

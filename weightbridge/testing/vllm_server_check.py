@@ -77,8 +77,10 @@ def completions(server: Any, model: str, prompts: list[list[int]] = sc.PROMPTS, 
 
 
 def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2, 2), timeout_s: float = 120.0,
-        traffic: bool = True, log: Any = print) -> dict[str, Any]:
-    """The whole check; returns a JSON-able report (per version: problems, generations; samples)."""
+        traffic: bool = True, log: Any = print, after_version: Any = None) -> dict[str, Any]:
+    """The whole check; returns a JSON-able report (per version: problems, generations; samples).
+    ``after_version(v, server)``: called once version ``v`` is live and verified (its result in the
+    update's ``"after"``), e.g. a stranger's requests to the server between two versions."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -135,6 +137,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2,
                     report["traffic_errors"] += load.errors
             report["updates"].append(_verify(server, workdir, model_dir, v, phase["mode"], live_s))
             u = report["updates"][-1]
+            if after_version is not None:
+                u["after"] = after_version(v, server)
             log(f"[server] v{v} ({u['mode']}): live {live_s:.2f}s after go; {u['problems'] or 'bitwise equal'}; "
                 f"/v1/completions {'equal' if u['generation_equal'] else 'DIFFER'}")
         report["final_label"] = server.weight_version()

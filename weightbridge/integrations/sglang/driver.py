@@ -157,11 +157,12 @@ class SGLangWeightSync(InstanceDriver):
         workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round`` only as a
         registered test hook, which reaches the workers by name:
         :mod:`weightbridge.integrations._engine.hooks`; no ``data_plane``). The init command is
-        sealed with the job secret, which the workers check against their own environment's. ``reply_dir``: where the workers
-        write their replies ("auto": a fresh temporary directory, right when the engine runs on
-        this host; None: no replies, failures are then known only from the versions on the control
-        store). ``flush_cache``: SGLang's flush of the KV cache after each applied update. ``api_key``:
-        the HTTP server's admin key (``--admin-api-key``), sent as a bearer token."""
+        sealed with the job secret, which the workers check against their own environment's.
+        ``reply_dir``: where the workers write their replies ("auto": a fresh temporary directory,
+        right when the engine runs on this host; None: no replies, failures are then known only
+        from the versions on the control store). ``flush_cache``: SGLang's flush of the KV cache
+        after each applied update. ``api_key``: the HTTP server's admin key (``--admin-api-key``),
+        sent as a bearer token."""
         prepared = self._connect(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
                                  cache_dir=cache_dir, timeout_s=timeout_s, options=options)
         self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
