@@ -53,8 +53,9 @@ class WeightbridgeInitInfo(WeightTransferInitInfo):
     anything of it runs (:class:`~weightbridge.integrations._engine.init_command.InitGate`).
     """
 
-    payload: str
-    seal: str | None = None
+    payload: Any
+    seal: Any = None
+    unexpected: tuple[str, ...] = ()  # other keys the init_info had (then it is refused)
 
 
 @dataclass
@@ -98,20 +99,30 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     # -- init ---------------------------------------------------------------------------------
     def parse_init_info(self, init_dict: dict[str, Any]) -> WeightbridgeInitInfo:
-        """vLLM's parsing of ``init_info`` (any dict, e.g. an HTTP body), refused typed when it is not
-        an init command's two fields."""
-        try:
-            if not isinstance(init_dict, dict):
-                raise TypeError(f"init_info must be an object, got {type(init_dict).__name__}")
-            return WeightbridgeInitInfo(**init_dict)
-        except TypeError as exc:
-            self.last_error = InitRefused(self.me, f"init_info is not a weightbridge init command ({exc}); "
-                                                   "fields: payload, seal")
-            raise self.last_error from None
+        """vLLM's parsing of ``init_info`` (any dict, e.g. an HTTP body); never raises: what does not
+        fit is refused by :meth:`init_transfer_engine`."""
+        if not isinstance(init_dict, dict):
+            return WeightbridgeInitInfo(payload=None, unexpected=(f"<{type(init_dict).__name__}>",))
+        return WeightbridgeInitInfo(payload=init_dict.get("payload"), seal=init_dict.get("seal"),
+                                    unexpected=tuple(sorted(str(k)[:50] for k in init_dict
+                                                            if k not in ("payload", "seal")))[:10])
 
     def init_transfer_engine(self, init_info: WeightbridgeInitInfo) -> None:
         try:
+            if init_info.unexpected:
+                raise InitRefused(self.me, f"init_info is not a weightbridge init command (fields: payload, seal; "
+                                           f"got also {list(init_info.unexpected)})")
             self._init(init_info)
+        except InitRefused as exc:
+            # Every worker refuses the same command; only the last one raises. vLLM's multiprocess
+            # executor stops reading replies at the first failed worker and hands the later
+            # workers' replies to the next call (every later RPC then fails), so a refusal raised
+            # by every worker would break the engine for its real driver. The driver fetches the
+            # typed error from any worker (WorkerExtension.weightbridge_last_error).
+            self.last_error = exc
+            log.warning("weightbridge: %s", exc)
+            if self.parallel_config.rank == self.parallel_config.world_size - 1:
+                raise
         except BridgeError as exc:  # vLLM's RPC (and HTTP) re-raise it untyped; the driver can fetch it typed
             self.last_error = exc
             raise
