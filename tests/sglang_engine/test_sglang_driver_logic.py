@@ -218,6 +218,8 @@ def test_the_worker_entry_point_never_raises_and_answers_with_the_error(tmp_path
 class Running:
     """A receiver already running in the worker (what a refused re-init must leave alone)."""
 
+    me = "rollout 0 (instance 0, SGLang TP rank 0)"
+
     def __init__(self) -> None:
         self.closed = False
         self.last_error = None
@@ -272,6 +274,7 @@ def test_a_refused_init_is_answered_typed_and_leaves_the_running_receiver(tmp_pa
                                              torch.empty(0))])
         err = read_reply(tmp_path, seq, 0)["error"]
         assert err["type"] == "weightbridge.errors:InitRefused" and why in err["message"], (case, err)
+        assert err["attrs"]["rank"] == running.me  # named as the rank it runs
         assert worker._RECEIVER is running and not running.closed, case
     # the old wire format (a pickled on_round) is no command, even where test hooks are on: nothing
     # is unpickled, nothing answers, nothing changes

@@ -87,7 +87,8 @@ def load(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> None:
 def _run(model: torch.nn.Module, cmd: Command, rank: int) -> dict[str, Any]:
     global _RECEIVER
     if cmd.op == "init":
-        joining = Receiver(model, cmd)  # every check; raises before the running bridge is touched
+        # every check; raises (naming the running rank, if any) before the running bridge is touched
+        joining = Receiver(model, cmd, me=None if _RECEIVER is None else _RECEIVER.me)
         if _RECEIVER is not None:  # re-initialised (a new spec or phase): leave the old bridge
             _RECEIVER.close()
             _RECEIVER = None
@@ -108,7 +109,8 @@ class Receiver:
     """One rollout rank of the bridge inside one SGLang worker: built from an init command (every
     check), then :meth:`join` (the bridge)."""
 
-    def __init__(self, model: torch.nn.Module, cmd: Command) -> None:
+    def __init__(self, model: torch.nn.Module, cmd: Command, me: str | None = None) -> None:
+        """``me``: how errors name this worker until the init is admitted (the rank it runs)."""
         from weightbridge.integrations._engine.joining import admit
 
         self.model = model
@@ -118,7 +120,7 @@ class Receiver:
         self.timings: dict[str, float] = {}
         self.bridge: Any = None
         tp_rank = self.par["tp_rank"]
-        self.admitted = admit(_GATE, cmd.payload, cmd.seal, me=f"SGLang worker {tp_rank}", engine="SGLang",
+        self.admitted = admit(_GATE, cmd.payload, cmd.seal, me=me or f"SGLang worker {tp_rank}", engine="SGLang",
                               index=tp_rank, mesh={k: self.par[k] for k in ("tp", "pp", "ep")},
                               world=self.par["tp"] * self.par["pp"], worker=f"SGLang TP rank {tp_rank}")
         self.me = self.admitted.me
