@@ -90,7 +90,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.bridge: Any = None
         self.buffers: dict[str, torch.Tensor] = {}
         self.probed: Any = None  # the RankLayout probed from vLLM's loader at init (probe="check")
-        self.last_error: BaseException | None = None  # the typed error of the last failed update
+        self.last_error: BaseException | None = None  # the typed error of the last failed or refused init, or update
         self.session: ReloadSession | None = None
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
