@@ -6,7 +6,8 @@
 * :mod:`.hooks`: test hooks (the conformance suite's fault injection) that reach engine workers
   by name from a fixed registry, with plain JSON parameters, never as code.
 * :mod:`.joining`: the worker's join: the spec resolved, this worker's rank of the spec checked
-  against the engine's mesh, the bridge opened over the receive buffers.
+  against the engine's mesh, the bridge opened over the receive buffers; its poll report.
+* :mod:`.driver`: the driver's engine-independent state (the checked spec, the instance's view).
 * :mod:`.probing`: the cached probe of the engine's own ``load_weights`` and its comparison with
   the spec's layout (and pins).
 * :mod:`.verify`: the bitwise comparison of a worker against the engine's own load of a checkpoint.

@@ -1,8 +1,8 @@
 """A worker's join of the bridge from an init command, in two steps so a refusal changes nothing.
 
-:func:`admit` (every check: the command's seal and freshness, the spec, this worker's rank of the
-spec against the engine's mesh, the test hook) touches nothing the worker runs; only then does
-the worker leave the bridge it ran (if any) and call :func:`open_bridge`. A refused, forged or
+:func:`admit` (the command's seal and freshness, the test hook, the spec, this worker's rank of
+the spec against the engine's mesh) and then the engine's probe check touch nothing the worker
+runs; only then does the worker leave the bridge it ran (if any) and call :func:`open_bridge`. A refused, forged or
 mismatched re-init therefore leaves the running bridge as it was. Called in the engine's worker
 thread (vLLM: ``init_transfer_engine``; SGLang: the ``init`` command).
 """
