@@ -30,8 +30,8 @@ class NoAdd:
 
     def __init__(self):
         self.inner = dist.HashStore()
-        self.set, self.get, self.check, self.delete_key = (self.inner.set, self.inner.get, self.inner.check,
-                                                           self.inner.delete_key)
+        self.set, self.get, self.check, self.delete_key, self.compare_set = (
+            self.inner.set, self.inner.get, self.inner.check, self.inner.delete_key, self.inner.compare_set)
 
     def add(self, key, n):
         raise AssertionError(f"store.add({key!r}) called")
@@ -137,7 +137,7 @@ def test_a_forged_heartbeat_neither_fakes_life_nor_death_and_the_epoch_never_goe
     b.stop_heartbeat()
     store.set("wb/hb/trainer/1", b"not an integer")
     a.check_heartbeats([T1])  # no error: a forged value is no beat (the last authentic counter)
-    assert a.heartbeat(T1) == a.monitor._last[T1][0] and real > 0
+    assert a.heartbeat(T1) == a.monitor.last_counter(T1) and real > 0
     board = Board(a)
     roster = Roster(2, (0,), (0,), 0)
     e1 = board.open_epoch(roster, "first").epoch

@@ -21,9 +21,11 @@ import pytest
 
 from weightbridge.bridge import load_spec
 from weightbridge.errors import BadMessage, BridgeError, DeadlineExceeded, PeerFailed
-from weightbridge.sync.messages import Announce, Join
+from weightbridge.sync.messages import Announce, Join, Keys
 
 from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
+
+KEYS = Keys("wb")  # the bridges' default key prefix
 
 ONE_TRAINER = "{preset: fsdp2, mesh: {dp: 1}}"
 ONE_ROLLOUT = "{preset: vllm, instances: 1, mesh: {tp: 1}}"
@@ -198,7 +200,7 @@ def test_bad_announcement_values_are_typed_errors_at_poll_and_later_pushes_arriv
     T = Threads()
     engine = Engine(r, T.store, staging=staging)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    key = trainer.board.announcement_key()
+    key = KEYS.announce
     try:
         push(trainer, r, tensors, 1)
         v = 1
@@ -232,7 +234,7 @@ def test_a_replayed_old_announcement_is_ignored(staging):
     T = Threads()
     engine = Engine(r, T.store, staging=staging)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    key = trainer.board.announcement_key()
+    key = KEYS.announce
     try:
         push(trainer, r, tensors, 1)
         old = T.store.get(key)
@@ -259,7 +261,7 @@ def test_garbage_planted_under_an_epochs_hello_keys_does_not_fail_its_handshake(
     trainer, tensors = trainer_bridge(r, 0, T.store)
     try:
         for who in ("trainer/0", "rollout/0"):
-            T.store.set(trainer.board.keys.hello(1, who), b"planted garbage")  # epoch 1: the first push's
+            T.store.set(KEYS.hello(1, who), b"planted garbage")  # epoch 1: the first push's
         assert push(trainer, r, tensors, 1).version == 1 and trainer.epoch == 1
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
     finally:
@@ -278,7 +280,7 @@ def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
     try:
         push(trainer, r, tensors, 1)
         for v in (2, 3):
-            T.store.delete_key(engine.bridge.board.keys.join("rollout/0"))
+            T.store.delete_key(KEYS.join("rollout/0"))
             assert push(trainer, r, tensors, v).version == v  # before: waited for the rank to join, forever
         wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
     finally:
@@ -379,7 +381,7 @@ def test_bad_values_under_the_ack_keys_read_as_no_ack_and_the_next_push_succeeds
     T = Threads()
     engine = Engine(r, T.store, staging=True)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    keys = trainer.board.ack_keys("staged", [0]) + trainer.board.ack_keys("applied", [0])
+    keys = [KEYS.ack("staged", 0), KEYS.ack("applied", 0)]
     try:
         push(trainer, r, tensors, 1)
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
@@ -401,7 +403,7 @@ def test_a_replayed_older_applied_ack_is_replaced_and_the_next_async_push_succee
     T = Threads()
     engine = Engine(r, T.store, staging=True)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    (key,) = trainer.board.ack_keys("applied", [0])
+    key = KEYS.ack("applied", 0)
     try:
         push(trainer, r, tensors, 1)
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")

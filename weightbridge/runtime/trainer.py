@@ -106,15 +106,15 @@ class TrainerBridge(Endpoint):
         tensors passed to ``from_spec`` are read as they are now. Returns per the mode (see
         :mod:`weightbridge.bridge`). Raises a typed error on any failure, after telling the other ranks.
         """
-        if tensors is not None:
-            check_tensors(self.layout, tensors)
-            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
-                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
-            self.tensors = dict(tensors)
         if self.closed:
             raise BridgeError(f"{self.me}: push() after close()")
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
+        if tensors is not None:  # replaced only once every check passed: a refused call changes nothing
+            check_tensors(self.layout, tensors)
+            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
+                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
+            self.tensors = dict(tensors)
         t0 = time.perf_counter()
         wait_s = 0.0
         announced: Announce | None = None
@@ -320,7 +320,7 @@ class TrainerBridge(Endpoint):
             # only trainer 0's failure of this push counts (another rank may still be failing the
             # previous push there, later than this rank did)
             ready=is_mine, epoch=self.failure_epoch, since=self._since, watch=[RankId(TRAINER, 0)],
-            only=_of_push(version, RankId(TRAINER, 0)),
+            only=_of_push(version, RankId(TRAINER, 0)), budget_s=2 * self.timeout_s,
         )
         return seen[0]
 

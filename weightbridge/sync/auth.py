@@ -42,22 +42,12 @@ MIN_SECRET_CHARS = 16
 _CTL = b"wb-ctl\x00"
 _DATA = b"wb-data\x00"
 
-__all__ = ["ENV", "MAC_BYTES", "Signer", "data_token", "ensure_env_secret", "new_secret", "signer_for",
-           "signer_from_env"]
+__all__ = ["ENV", "MAC_BYTES", "Signer", "data_token", "new_secret", "signer_for", "signer_from_env"]
 
 
 def new_secret() -> str:
     """A fresh random job secret (256 bits, URL-safe text): what ``weightbridge secret`` prints."""
     return _secrets.token_urlsafe(32)
-
-
-def ensure_env_secret() -> str:
-    """Harnesses that start processes: the secret in ``WEIGHTBRIDGE_SECRET``, set to a fresh one if unset
-    (spawned children inherit it). Returns it."""
-    value = os.environ.get(ENV)
-    if not value:
-        value = os.environ[ENV] = new_secret()
-    return value
 
 
 class Signer:
@@ -136,15 +126,6 @@ def signer_from_env() -> Signer:
     if not value:
         raise AuthError(f"no job secret for this control-plane client; {HOW_TO}")
     return _checked(value.encode(), f"${ENV}")
-
-
-def open_lenient(key: str, value: bytes) -> bytes:
-    """Test hooks reading a value they did not write: opened with ``$WEIGHTBRIDGE_SECRET`` when it verifies,
-    else returned as is (a spec with ``auth: off``). Never for the runtime's own reads."""
-    try:
-        return signer_from_env().open(key, value)
-    except (AuthError, ForgedMessage):
-        return value
 
 
 def _checked(raw: bytes, source: str) -> Signer:

@@ -29,6 +29,11 @@ class HeartbeatMonitor:
         else:
             self._last[who] = (counter, prev[1], now)
 
+    def last_counter(self, who: RankId) -> int:
+        """The last counter observed for ``who`` (0: never observed)."""
+        prev = self._last.get(who)
+        return 0 if prev is None else prev[0]
+
     def silent_for(self, who: RankId, now: float) -> float | None:
         """Seconds ``who``'s counter has stood still while watched; None if it never beat."""
         prev = self._last.get(who)

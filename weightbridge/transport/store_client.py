@@ -47,7 +47,6 @@ __all__ = ["ABSENT", "ATTEMPT_S", "STORE_ID_KEY", "ReconnectingStore", "connect_
 STORE_ID_KEY = "weightbridge/store-id"
 ABSENT = b"\x00weightbridge: no such key\x00"  # what peek's compare_set answers for a missing key
 ATTEMPT_S = 1.0  # the longest single connection attempt (a dead host is retried this often)
-_RETRIED = ("get", "check", "set", "add", "delete_key")
 
 
 def _is_connection_error(exc: BaseException) -> bool:
