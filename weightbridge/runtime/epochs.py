@@ -140,7 +140,8 @@ class Endpoint:
         deadline = time.monotonic() + min(CAUSE_WAIT_S, self.timeout_s / 4)
         while True:
             try:
-                seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
+                with board.cp.bounded(deadline):  # a store that does not answer ends the search, not a deadline later
+                    seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
             except BridgeError:
                 return exc
             cause = root_cause(seen, self.me)

@@ -48,6 +48,7 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -64,6 +65,8 @@ from weightbridge.sync.roster import RankId
 log = logging.getLogger(__name__)
 
 RESCAN_S = 1.0  # with a failure flag present, every failure key is re-read at least this often
+GRACE_S = 0.5  # a wait's store calls end by its deadline plus this (the last check before raising)
+FAIL_S = 1.0  # the most a failure path spends on the store (publishing, or finding a peer's cause)
 _ABSENT = b"\x00weightbridge: no such key\x00"  # a compare_set expecting this never writes: a non-blocking read
 
 
@@ -148,6 +151,13 @@ class ControlPlane:
             where = getattr(self.store, "address", None) or type(self.store).__name__
             raise StoreUnreachable(self.me, where, f"{getattr(fn, '__name__', 'call')} failed "
                                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+
+    def bounded(self, until: float) -> Any:
+        """A context in which every store call returns or raises by ``until`` (a ``time.monotonic()``
+        value; :meth:`~weightbridge.transport.store_client.ReconnectingStore.bound`): a store that stops
+        answering ends a wait at its deadline, not a store timeout later."""
+        bound = getattr(self.store, "bound", None)
+        return bound(until) if bound is not None else contextlib.nullcontext()
 
     def set(self, key: str, msg: Any) -> None:
         self.set_raw(key, encode(msg))
@@ -238,30 +248,37 @@ class ControlPlane:
         its peers can get here). ``budget_s``: the length of the deadline as the error reports it
         (default ``timeout_s``; a caller whose deadline is longer says so).
         """
-        watch = tuple(w for w in watch if w != self.me)
+        return self._wait(keys, deadline, what, ready, epoch, since, tuple(w for w in watch if w != self.me),
+                          progress, only, joins, self.timeout_s if budget_s is None else budget_s)
+
+    def _wait(self, keys, deadline, what, ready, epoch, since, watch, progress, only, joins, budget_s) -> list[bytes]:
         sleep_s = 0.001
         while True:
-            if epoch is not None:
-                self.raise_failures(epoch, since, only)
-            raw = [self._peek(k) for k in keys]  # non-blocking: a key deleted meanwhile reads as missing
-            if all(v is not None for v in raw):
-                values = [self.open(k, v) for k, v in zip(keys, raw)]
-                if ready is None or ready(values):
-                    return values
+            # the wait's own store calls end by its deadline (plus GRACE_S): a store that stops answering
+            # cannot hold it longer; progress() is other work with deadlines of its own
+            with self.bounded(deadline + GRACE_S):
+                if epoch is not None:
+                    self.raise_failures(epoch, since, only)
+                raw = [self._peek(k) for k in keys]  # non-blocking: a key deleted meanwhile reads as missing
+                if all(v is not None for v in raw):
+                    values = [self.open(k, v) for k, v in zip(keys, raw)]
+                    if ready is None or ready(values):
+                        return values
             if progress is not None:
                 progress()
             now = time.monotonic()
-            if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
-                self._last_hb_check = now
-                self.check_heartbeats(watch, now)
-                if joins:
-                    self.check_restarts(joins)
-            if now > deadline or (self.stop is not None and self.stop.is_set()):
-                missing = [k for k in keys if not self._call(self.store.check, [k])]
-                if missing:
-                    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-                    what = f"{what} (missing {', '.join(missing[:3])}{more})"
-                raise DeadlineExceeded(self.me, what, self.timeout_s if budget_s is None else budget_s)
+            with self.bounded(deadline + GRACE_S):
+                if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
+                    self._last_hb_check = now
+                    self.check_heartbeats(watch, now)
+                    if joins:
+                        self.check_restarts(joins)
+                if now > deadline or (self.stop is not None and self.stop.is_set()):
+                    missing = [k for k in keys if not self._call(self.store.check, [k])]
+                    if missing:
+                        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+                        what = f"{what} (missing {', '.join(missing[:3])}{more})"
+                    raise DeadlineExceeded(self.me, what, budget_s)
             time.sleep(sleep_s)
             sleep_s = min(sleep_s * 2, 0.02)
 
@@ -333,10 +350,16 @@ class ControlPlane:
         msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__,
                       message=str(exc)[:4000], id=fid, version=version)
         try:
-            self.set(self.keys.failure(epoch, self.me.key), msg)
-            self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
-        except Exception:  # noqa: BLE001 - the store may be gone (PeerFailed, StoreUnreachable): best effort
+            with self.bounded(time.monotonic() + self.fail_s):  # best effort: never a second deadline
+                self.set(self.keys.failure(epoch, self.me.key), msg)
+                self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
+        except Exception:  # noqa: BLE001 - the store may be gone (StoreUnreachable): best effort
             log.warning("%s: could not publish failure %s (store unreachable)", self.me, msg)
+
+    @property
+    def fail_s(self) -> float:
+        """The most a failure path spends on the store: ``min(FAIL_S, timeout_s / 4)``."""
+        return min(FAIL_S, self.timeout_s / 4)
 
     def _refresh_failures(self, epoch: int) -> list[str]:
         """Read the failures of ``epoch`` (when its flag changed, or every ``RESCAN_S``); the ids seen, in order."""

@@ -361,6 +361,7 @@ def stranger(cfg: dict, steps: list[dict]) -> list[dict]:
                     store.set(f"{cfg['ctl']}/h/quiet/{st['versions'][0]}", "1")
         except BaseException as exc:  # noqa: BLE001 - the stranger's own trouble is only noted
             ev.update(error_event(exc, kind="step"))
+            store = client(cfg)  # the store may have closed this connection (a value past its bound): a new one
         events.append(ev)
         store.set(f"{cfg['ctl']}/h/done/{st['step']}", "1")
     return events
