@@ -93,6 +93,24 @@ def test_the_store_id_is_the_servers_and_no_client_changes_it(serve):
     assert c.compare_set(STORE_ID_KEY, "", "claim") == sid and c.get(STORE_ID_KEY) == sid
 
 
+def test_keyed_by_the_secret_a_job_value_is_replaced_only_by_a_later_sealed_one(serve):
+    c, signer = client(serve(secret=SECRET)), Signer(SECRET)
+    old = signer.seal("wb/ann", b"v1")
+    new = signer.seal("wb/ann", b"v2")
+    c.set("wb/ann", old)
+    c.set("wb/ann", new)
+    for stale in (b"garbage", old, Signer(b"another-secret-0123456789").seal("wb/ann", b"v9")):
+        c.set("wb/ann", stale)  # refused: unsealed, replayed, or sealed with another secret
+    assert c.get("wb/ann") == new
+    c.delete_key("wb/ann")
+    c.set("wb/ann", old)  # a replay after a delete: refused too (the key's stamp is kept)
+    assert not c.check(["wb/ann"])
+    c.set("wb/ann", b"garbage")  # an empty key takes anything (into the other pool)
+    newest = signer.seal("wb/ann", b"v3")
+    c.set("wb/ann", newest)
+    assert c.get("wb/ann") == newest
+
+
 @pytest.mark.parametrize("abuse", ["value", "append", "queue", "not-a-client", "request-while-waiting"])
 def test_a_request_past_a_bound_closes_that_connection_only(serve, abuse):
     port = serve(limits=Limits(value_bytes=4096))

@@ -61,8 +61,8 @@ class Board:
     def join_keys(self, ranks: Sequence[RankId]) -> list[str]:
         return [self._keys.join(r.key) for r in ranks]
 
-    def heartbeat(self, who: RankId) -> int:
-        """``who``'s heartbeat counter (0: none yet); a value without the secret counts as no beat."""
+    def heartbeat(self, who: RankId) -> int | None:
+        """``who``'s heartbeat counter (0: none yet; None: unreadable, no reading)."""
         return self.cp.heartbeat(who)
 
     # -- epochs -----------------------------------------------------------------------------

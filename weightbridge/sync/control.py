@@ -27,9 +27,9 @@ Contracts:
    ``heartbeat_s`` (started from the wall clock in ms, so a restarted process never
    repeats its predecessor's values) until :meth:`ControlPlane.stop_heartbeat`; a store error
    skips one beat (logged once per outage), never ends the thread. A watched rank whose counter
-   was seen moving and then stood still for ``dead_after_s`` is reported dead (a killed process,
-   or one stuck holding the GIL).
-5. **Authenticated values.** Every value is written sealed (``MAC || body``,
+   was read standing still for ``dead_after_s`` is reported dead (a killed process, or one stuck
+   holding the GIL); an unreadable or replayed older counter is no reading.
+5. **Authenticated values.** Every value is written sealed (``MAC || stamp || body``,
    :class:`~weightbridge.sync.auth.Signer`, bound to its key) and every read opens it:
    a value without the job secret's MAC raises :class:`ForgedMessage` naming the key and
    is never decoded; a sealed value that is not the expected message raises
@@ -282,14 +282,14 @@ class ControlPlane:
             time.sleep(sleep_s)
             sleep_s = min(sleep_s * 2, 0.02)
 
-    def heartbeat(self, who: RankId) -> int:
-        """``who``'s heartbeat counter (0: none yet). A value without the secret (or not an integer) counts as
-        no beat: the last authentic counter seen, so a forger can neither fake life nor fake a death; the
-        rank's own thread overwrites it within ``heartbeat_s``."""
+    def heartbeat(self, who: RankId) -> int | None:
+        """``who``'s heartbeat counter (0: none yet), or None when the value is unreadable (without the secret,
+        not an integer): no reading at all, so a forger can fake neither life nor a death
+        (:class:`~weightbridge.sync.heartbeat.HeartbeatMonitor` also ignores a replayed older counter)."""
         try:
             return self.counter(self.keys.heartbeat(who.key))
         except (ForgedMessage, ProtocolError):
-            return self.monitor.last_counter(who)
+            return None
 
     def check_heartbeats(self, watch: Iterable[RankId], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

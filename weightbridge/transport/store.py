@@ -87,8 +87,8 @@ def open_store(
 
     Hosting starts the bounded store (:mod:`weightbridge.transport.store_server`) in a child process
     that lives as long as the returned client (and never longer than this process); ``secret``
-    (default ``$WEIGHTBRIDGE_SECRET``, if set): the job secret, so that no value written without it
-    can displace the job's keys (``docs/control_store.md``: what the store holds at most). Clients
+    (default ``$WEIGHTBRIDGE_SECRET``, if set; ``b""``: none): the job secret, so that no value written
+    without it can displace or replace the job's (``docs/control_store.md``: what the store holds). Clients
     connect within ``timeout_s``. ``world_size`` is informative only (None: unknown).
 
     The hosting store listens on ``host``'s address only (:func:`listen_socket`): ``127.0.0.1`` /
@@ -98,7 +98,8 @@ def open_store(
     if is_master:
         if secret is None:
             secret = os.environ.get("WEIGHTBRIDGE_SECRET") or None
-        return _host(host, int(port), timeout_s, secret.encode() if isinstance(secret, str) else secret)
+        secret = secret.encode() if isinstance(secret, str) else secret
+        return _host(host, int(port), timeout_s, secret or None)  # b"": not keyed (a spec with auth: off)
     return dist.TCPStore(host, int(port), world_size, False, datetime.timedelta(seconds=float(timeout_s)))
 
 

@@ -233,7 +233,7 @@ def connect_store(host: str, port: int, *, timeout_s: float, who: str, is_master
     if not is_master:
         return ReconnectingStore(host, port, timeout_s=timeout_s, who=who)
     try:
-        hosted = open_store(host, port, is_master=True, timeout_s=timeout_s, secret=secret)
+        hosted = open_store(host, port, is_master=True, timeout_s=timeout_s, secret=secret or b"")  # b"": none
     except (RuntimeError, OSError) as exc:  # e.g. the port is taken
         raise StoreUnreachable(who, f"{host}:{port}", f"cannot host the control store: {exc}") from exc
     return ReconnectingStore(host, hosted.port, timeout_s=timeout_s, who=who, keep=hosted)

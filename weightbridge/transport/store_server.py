@@ -13,6 +13,10 @@ job secret grew the store's host by 41 MB, for good). This server speaks the sam
   value); past a bound, the pool's least recently written keys are dropped (as if deleted; a stranger
   can delete keys anyway). So a stranger fills the other pool at most, and never displaces a job
   key. Without a secret there is one pool, the job pool's size;
+* **fresh job values.** With the secret, a job key's value is replaced only by a value sealed later
+  (its stamp, :func:`weightbridge.sync.auth.stamp_now`), never by one without the MAC nor by a
+  replayed older one, also after the key was deleted (its stamp is kept). A stranger can still
+  delete a key, never put an old value of the job back under it;
 * ``weightbridge/store-id`` is the server's own, set at start and never changed or deleted by a client
   (clients tell a restarted, empty store by it: :mod:`.store_client`);
 * values up to :attr:`Limits.value_bytes`, requests up to twice that, at most
@@ -31,8 +35,6 @@ or a child that trainer rank 0's ``from_spec`` / ``weightbridge.open_store(is_ma
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import selectors
@@ -45,11 +47,12 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from weightbridge.errors import ForgedMessage
+from weightbridge.sync.auth import Signer
 from weightbridge.transport.store_wire import MAGIC, Q, WIRE_KEY_PREFIX, pack_bytes
 
 STORE_ID_KEY = "weightbridge/store-id"  # clients' key (the wire adds "/")
 MAX_KEY_BYTES = 8 * 1024  # TCPStore's own bound on a key
-MAC_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,13 @@ class StoreServer:
         self.limits = limits
         self.listener = listener
         listener.setblocking(False)
-        # the job secret's MAC key, derived as sync.auth.Signer does (values sealed by any rank verify here)
-        self._mac_key = None if not secret else hashlib.sha256(b"weightbridge job secret\x00" + secret.strip()).digest()
+        self._signer = Signer(secret.strip()) if secret else None  # values sealed by any rank verify here
         self.job = _Pool("job", limits.keys, limits.bytes)
-        self.other = _Pool("other", limits.other_keys, limits.other_bytes) if self._mac_key else self.job
+        self.other = _Pool("other", limits.other_keys, limits.other_bytes) if self._signer else self.job
+        # keyed by the secret: the stamp of each job key's value, kept after a delete (a replay of an older
+        # value is refused even then), at most 2 x limits.keys (the oldest forgotten first)
+        self.stamps: OrderedDict[str, int] = OrderedDict()
+        self.refused = 0  # writes that would have replaced a job value with an older or unsealed one
         self.store_id = uuid.uuid4().hex
         self._pinned = {WIRE_KEY_PREFIX + STORE_ID_KEY: self.store_id.encode()}
         self.conns: dict[int, _Conn] = {}
@@ -308,12 +314,12 @@ class StoreServer:
                 pass
             elif current is None and not expected:
                 self._set(key, desired)
-                current = desired
+                current = self._get(key) or b""  # desired, unless refused (an older or unsealed value)
             elif current is None:
                 current = expected  # TCPStore answers the expected value for a missing key (and writes nothing)
             elif current == expected:
                 self._set(key, desired)
-                current = desired
+                current = self._get(key) or b""
             self._reply(conn, pack_bytes(current))
         elif cmd == Q.GET:
             self._reply(conn, pack_bytes(self._get(r.key()) or b""))
@@ -344,7 +350,7 @@ class StoreServer:
         elif cmd == Q.GETNUMKEYS:
             self._reply(conn, struct.pack("<q", len(self._keys())))
         elif cmd == Q.DELETE_KEY:
-            key = r.key()
+            key = r.key()  # a job key's stamp stays (self.stamps): no older value can come back under it
             n = 0 if key in self._pinned else int(self.job.pop(key) is not None or self.other.pop(key) is not None)
             self._reply(conn, struct.pack("<q", n))
         elif cmd == Q.APPEND:
@@ -380,7 +386,18 @@ class StoreServer:
     def _set(self, key: str, value: bytes) -> None:
         if key in self._pinned:
             return
-        pool = self.job if self._sealed(key, value) else self.other
+        stamp = self._stamp(key, value)
+        if self.other is not self.job:  # keyed by the secret: a job value is replaced only by a later job value
+            held = self.stamps.get(key)
+            if held is not None and (stamp is None or stamp <= held):
+                self.refused += 1
+                return
+        if stamp is not None and self.other is not self.job:
+            self.stamps[key] = stamp
+            self.stamps.move_to_end(key)
+            while len(self.stamps) > self.limits.keys * 2:  # tombstones of deleted keys included
+                self.stamps.popitem(last=False)
+        pool = self.job if stamp is not None else self.other
         (self.other if pool is self.job else self.job).pop(key)
         pool.put(key, value)
         for conn in self.waiters.pop(key, ()):
@@ -390,16 +407,16 @@ class StoreServer:
                     conn.waiting = None
                     self._reply(conn, b"\x00")
 
-    def _sealed(self, key: str, value: bytes) -> bool:
-        """``value`` carries the job secret's MAC for ``key`` (as :class:`weightbridge.sync.auth.Signer` seals)."""
-        if self._mac_key is None or len(value) < MAC_BYTES:
-            return self._mac_key is None
-        name = key[len(WIRE_KEY_PREFIX):] if key.startswith(WIRE_KEY_PREFIX) else key
-        h = hmac.new(self._mac_key, digestmod=hashlib.sha256)
-        for part in (b"wb-ctl\x00", name.encode("utf-8", "surrogateescape"), value[MAC_BYTES:]):
-            h.update(len(part).to_bytes(8, "big"))
-            h.update(part)
-        return hmac.compare_digest(h.digest()[:MAC_BYTES], value[:MAC_BYTES])
+    def _stamp(self, key: str, value: bytes) -> int | None:
+        """The stamp of ``value`` if it carries the job secret's MAC for ``key`` (as the bridges seal it,
+        :class:`weightbridge.sync.auth.Signer`), else None; without a secret every value is a job value (0)."""
+        if self._signer is None:
+            return 0
+        try:
+            return self._signer.open_stamped(key[len(WIRE_KEY_PREFIX):] if key.startswith(WIRE_KEY_PREFIX) else key,
+                                             value)[0]
+        except ForgedMessage:
+            return None
 
     def _unwait(self, conn: _Conn) -> None:
         if conn.waiting is None:
