@@ -346,6 +346,10 @@ class ControlPlane:
         """Tell every member of ``epoch`` that this rank failed with ``exc`` in push ``version`` (best effort)."""
         if isinstance(exc, (PeerFailed, HandshakeMismatch, StoreUnreachable)):
             return  # originated elsewhere, seen by everyone already, or nowhere to publish it
+        if getattr(self.store, "down", False):  # the last call found the store gone: no second wait on it
+            log.warning("%s: not publishing %s: %s (the control store is unreachable)", self.me, type(exc).__name__,
+                        str(exc)[:200])
+            return
         fid = uuid.uuid4().hex
         msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__,
                       message=str(exc)[:4000], id=fid, version=version)

@@ -101,6 +101,11 @@ class ReconnectingStore:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def down(self) -> bool:
+        """The last call found the store unreachable (no call since answered)."""
+        return self._down or self._lost is not None
+
     def _unreachable(self, message: str, restarted: bool = False) -> StoreUnreachable:
         return StoreUnreachable(self.who, self.address, message, restarted=restarted)
 
