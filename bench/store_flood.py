@@ -45,7 +45,7 @@ def start(kind: str) -> tuple[subprocess.Popen, int]:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return proc, int(proc.stdout.readline())
     from weightbridge.transport.store import listen_socket
-    from weightbridge.transport.store_server import spawn
+    from weightbridge.transport.store_host import spawn
 
     listener = socket.socket(fileno=listen_socket("127.0.0.1", 0))
     port = listener.getsockname()[1]

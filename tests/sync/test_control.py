@@ -278,3 +278,26 @@ def test_a_member_restarting_before_it_greets_is_replaced_by_its_successor_in_th
                   successor.deadline())
         hellos = fut.result(timeout=5)
     assert hellos[T1].nonce == "successor"
+
+
+def test_trainer_0_deletes_the_keys_of_epochs_older_than_the_three_newest_it_opened():
+    """Issue 26: stale per-epoch keys stayed on the store for the whole job (members, hellos, failures, the
+    bridge group's rendezvous keys of every epoch)."""
+    from weightbridge.sync.board import Board
+    from weightbridge.sync.roster import Roster
+
+    store = dist.HashStore()
+    keys = Keys("t")
+    board = Board(ControlPlane(store, me=T0, keys=keys, timeout_s=1, ranks=(T0, T1, R0)))
+    roster = Roster(2, (0,), (0,))
+
+    def epoch_keys(e):
+        return [keys.members(e), keys.failed(e), keys.hello(e, "trainer/0"), keys.hello(e, "rollout/0"),
+                keys.failure(e, "trainer/1"), f"{keys.group_prefix(e)}//0/2"]
+
+    for e in range(1, 6):
+        assert board.open_epoch(roster, "test").epoch == e
+        for k in epoch_keys(e)[1:]:
+            store.set(k, b"x")  # what the members, a failing rank and Gloo write in that epoch
+    assert not any(store.check([k]) for e in (1, 2) for k in epoch_keys(e))
+    assert all(store.check([k]) for e in (3, 4, 5) for k in epoch_keys(e))

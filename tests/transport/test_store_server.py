@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from weightbridge.sync.auth import Signer
 from weightbridge.transport.store import listen_socket, open_store
-from weightbridge.transport.store_server import STORE_ID_KEY, Limits, spawn
+from weightbridge.transport.store_host import spawn
+from weightbridge.transport.store_server import STORE_ID_KEY, Limits
 from weightbridge.transport.store_wire import StoreConnection, StoreConnectionLost
 
 HOST = "127.0.0.1"

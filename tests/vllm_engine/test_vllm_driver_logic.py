@@ -46,6 +46,7 @@ def _ack(store, rank: int, version: int) -> None:
     key = Keys("wb").ack("applied", rank)
     store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
                                                                 stage="applied"))))
+    store.check([key])  # a set is not answered: this round trip on the same connection waits until it was served
 
 
 def test_a_failed_update_raises_its_own_error_even_when_reading_the_result_fails_too():

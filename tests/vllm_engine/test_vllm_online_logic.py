@@ -120,6 +120,7 @@ def _ack(store, rank, version, stage="applied"):
     key = Keys("wb").ack(stage, rank)
     store.set(key, signer_from_env().seal(key, encode(Ack(rank=rank, version=version, seq=version, epoch=1,
                                                                 stage=stage))))
+    store.check([key])  # a set is not answered: this round trip on the same connection waits until it was served
 
 
 def test_the_http_client_names_the_server_and_route_on_every_failure(fake):

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     port_file = check_output_path(args.port_file, "--port-file") if args.port_file else None
     from weightbridge.transport.store import listen_socket
-    from weightbridge.transport.store_server import serve
+    from weightbridge.transport.store_host import serve
 
     secret = os.environ.get("WEIGHTBRIDGE_SECRET", "").encode() or None
     if args.secret_file:

@@ -20,6 +20,8 @@ from weightbridge.sync.roster import ROLLOUT, RankId, Roster
 
 log = logging.getLogger(__name__)
 
+KEEP_EPOCHS = 3  # trainer 0 keeps the keys of the newest epochs it opened (a late rank may still read them)
+
 
 class Board:
     """Typed reads and writes of one rank (``cp.me``) on the control store."""
@@ -30,6 +32,7 @@ class Board:
         self.me = cp.me
         self.nonce = ""  # this rank's join nonce (set by join(); acks carry it)
         self._epoch = 0  # trainer 0: the newest epoch it opened (epoch numbers never go backwards)
+        self._opened: dict[int, Roster] = {}  # trainer 0: epochs it opened whose keys are still on the store
 
     def clone(self) -> Board:
         """A board on a new store connection, for another thread."""
@@ -91,7 +94,23 @@ class Board:
             epoch=epoch, num_trainers=roster.num_trainers, instances=roster.instances,
             rollout_ranks=roster.rollout_ranks, reason=reason,
         ))
-        return Roster(roster.num_trainers, roster.instances, roster.rollout_ranks, epoch)
+        opened = Roster(roster.num_trainers, roster.instances, roster.rollout_ranks, epoch)
+        self._opened[epoch] = opened
+        self._forget_epochs()
+        return opened
+
+    def _forget_epochs(self) -> None:
+        """Trainer 0: delete the keys of the epochs it opened before the :data:`KEEP_EPOCHS` newest (their
+        members, hellos, failures and bridge-group rendezvous), so the store does not grow epoch by epoch.
+        A rank still in such an epoch has failed its push already; it reads no key of it again."""
+        for old in sorted(self._opened)[:-KEEP_EPOCHS]:
+            roster = self._opened.pop(old)
+            keys = [self._keys.members(old), self._keys.failed(old)]
+            keys += [self._keys.hello(old, m.key) for m in roster.members]
+            keys += [self._keys.failure(old, r.key) for r in self.cp.ranks or roster.members]
+            keys += [f"{self._keys.group_prefix(old)}//0/{b}" for b in range(roster.world_size)]  # c10d's rendezvous keys
+            for key in keys:
+                self.cp.delete(key)
 
     def await_membership(self, epoch: int, deadline: float) -> Membership:
         key = self._keys.members(epoch)

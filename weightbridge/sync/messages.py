@@ -37,6 +37,9 @@ key                               value                  written by / when
                                                          older are deleted
 ================================  =====================  ===============================================
 
+Trainer 0 deletes the keys of an epoch (``P/e{E}/...``: members, hellos, failures, the flag, Gloo's
+rendezvous keys) once it opened three newer ones (:data:`weightbridge.sync.board.KEEP_EPOCHS`).
+
 Heartbeats are counters, not timestamps: a waiter notes when it last saw a counter
 change, on its own monotonic clock, so clock skew between hosts does not matter.
 

@@ -157,7 +157,7 @@ def create_bridge_group(
     if roster is not None and (roster.world_size != world_size or roster.num_trainers != num_trainers):
         raise ValueError(f"the roster has {roster.world_size} ranks ({roster.num_trainers} trainers), the group "
                          f"{world_size} ({num_trainers} trainers)")
-    while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): its current raw connection
+    while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): a torch client of its own
         store = store.underlying()
     bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
     sealed = signer is not None and signer.enabled

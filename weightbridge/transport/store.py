@@ -21,7 +21,7 @@ Store = dist.Store
 
 class HostedStore(dist.TCPStore):
     """A ``TCPStore`` client of a bounded store served by a child process of this one
-    (:func:`weightbridge.transport.store_server.spawn`): the store lives as long as this object (or this
+    (:func:`weightbridge.transport.store_host.spawn`): the store lives as long as this object (or this
     process). ``store_id``: the id the server set (:data:`~weightbridge.transport.store_server.STORE_ID_KEY`)."""
 
     server: Any  # the child's Popen
@@ -38,7 +38,8 @@ def _stop(proc: Any) -> None:
 
 
 def _host(host: str, port: int, timeout_s: float, secret: bytes | None) -> HostedStore:
-    from weightbridge.transport.store_server import STORE_ID_KEY, spawn
+    from weightbridge.transport.store_host import spawn
+    from weightbridge.transport.store_server import STORE_ID_KEY
 
     listener = socket.socket(fileno=listen_socket(host, int(port)))
     bound_port = listener.getsockname()[1]  # port 0: the one the OS chose

@@ -27,24 +27,21 @@ job secret grew the store's host by 41 MB, for good). This server speaks the sam
 * a request that breaks the protocol or a bound closes its connection; ``ADD`` on a value that is not
   an integer too (as in TCPStore).
 
-Runs in a process of its own, single-threaded (``selectors``): ``weightbridge store`` (:func:`serve`),
-or a child that trainer rank 0's ``from_spec`` / ``weightbridge.open_store(is_master=True)`` starts
-(:func:`spawn`) and that exits when its parent does. Memory bound: ``docs/control_store.md``
+Runs in a process of its own, single-threaded (``selectors``): ``weightbridge store``, or a child that
+trainer rank 0's ``from_spec`` / ``weightbridge.open_store(is_master=True)`` starts and that exits when
+its parent does (:mod:`.store_host`). Memory bound: ``docs/control_store.md``
 (measured by ``bench/store_flood.py``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import selectors
 import socket
 import struct
-import sys
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from weightbridge.errors import ForgedMessage
@@ -428,67 +425,3 @@ class StoreServer:
                 if not waiting:
                     del self.waiters[k]
         conn.waiting = None
-
-
-# -- processes -----------------------------------------------------------------------------------
-def serve(listener: socket.socket, *, secret: bytes | None = None, limits: Limits = Limits(),
-          on_ready: Any = None) -> None:
-    """Serve on ``listener`` in this process until SIGTERM / SIGINT (``weightbridge store``)."""
-    import signal
-
-    server = StoreServer(listener, secret=secret, limits=limits)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stop())
-    if on_ready is not None:
-        on_ready(server)
-    server.run()
-
-
-def spawn(listener: socket.socket, *, secret: bytes | None = None, limits: Limits = Limits()) -> Any:
-    """Serve on ``listener`` in a child process that exits with this one; returns the ``Popen`` (the
-    caller keeps it, and the pipe to its stdin, for as long as the store must live). ``listener``
-    is handed over (closed here). The secret travels on the child's stdin, never its command line."""
-    import subprocess
-
-    import weightbridge
-
-    fd = listener.fileno()
-    here = os.path.dirname(os.path.dirname(os.path.abspath(weightbridge.__file__)))  # this weightbridge, not another
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "weightbridge.transport.store_server", str(fd)],
-        stdin=subprocess.PIPE, pass_fds=(fd,), close_fds=True, env={**os.environ, "PYTHONPATH": path},
-    )
-    listener.close()
-    config = {"secret": None if not secret else secret.decode("latin-1"), "limits": asdict(limits)}
-    assert proc.stdin is not None
-    proc.stdin.write((json.dumps(config) + "\n").encode())
-    proc.stdin.flush()
-    return proc
-
-
-def _child_main(fd: int) -> None:
-    """The child of :func:`spawn`: read the config line, then serve until stdin closes or the parent dies."""
-    parent = os.getppid()
-    line = sys.stdin.buffer.readline()
-    config = json.loads(line) if line else {}
-    secret = config.get("secret")
-    server = StoreServer(socket.socket(fileno=fd), secret=None if secret is None else secret.encode("latin-1"),
-                         limits=Limits(**config.get("limits", {})))
-    os.set_blocking(0, False)
-
-    def stdin_readable() -> None:
-        try:
-            if not os.read(0, 4096):
-                server.stop()  # the parent closed the pipe (or died)
-        except BlockingIOError:
-            pass
-        except OSError:
-            server.stop()
-
-    server.sel.register(0, selectors.EVENT_READ, stdin_readable)
-    server.run(until=lambda: os.getppid() != parent)
-
-
-if __name__ == "__main__":
-    _child_main(int(sys.argv[1]))
