@@ -145,7 +145,7 @@ def main() -> int:
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.testing.localrun import launch
     from weightbridge.testing.sglang_selfcheck import make_engine, _free_port
     from weightbridge.testing.vllm_selfcheck import write_model

@@ -66,7 +66,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="wb-bench-vllm-"))
     model_dir = sc.write_model(work / "v0", "qwen2", **overrides(args))
     spec = sc.spec_text("qwen2", model_dir, args.tp, "sync", args.timeout_s)
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()  # the trainers (launch) and the engine's workers inherit the job secret
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout_s)
@@ -125,7 +125,7 @@ def overrides(args: argparse.Namespace) -> dict:
 
 def run_server(args: argparse.Namespace) -> int:
     """The ``--server`` case: one ``vllm serve`` (subprocess), 2 FSDP2 trainer ranks whose rank 0 drives it."""
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.testing import vllm_online as online
     from weightbridge.testing import vllm_selfcheck as sc
     from weightbridge.testing.localrun import launch

@@ -197,10 +197,11 @@ def main() -> int:
     args = ap.parse_args()
 
     from weightbridge import open_store
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.sync.auth import new_secret
 
     work = Path(tempfile.mkdtemp(prefix="wb-ray-rl-"))
-    ensure_env_secret()  # WEIGHTBRIDGE_SECRET: every trainer rank and vLLM worker needs the same one
+    # WEIGHTBRIDGE_SECRET: every trainer rank and vLLM worker needs the same one (a fresh one per job)
+    os.environ["WEIGHTBRIDGE_SECRET"] = os.environ.get("WEIGHTBRIDGE_SECRET") or new_secret()
     env = {k: os.environ[k] for k in ("WEIGHTBRIDGE_SECRET", "PYTHONPATH", "WEIGHTBRIDGE_CACHE_DIR") if k in os.environ}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     # Ray 2.60 writes an auth token under $HOME and its session under _temp_dir: keep both in `work`.

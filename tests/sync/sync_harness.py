@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
+from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.testing.verify import mismatches
 from weightbridge.tensors import materialize, torch_dtype
 
@@ -79,3 +81,68 @@ def rollout_bridge(resolved, rank, store, **kw):
 
 def check(resolved, bridge, tensors, version) -> list[str]:
     return mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))
+
+
+# -- one trainer rank, one rollout rank, an engine loop in a thread ---------------------------------
+ONE_TRAINER = "{preset: fsdp2, mesh: {dp: 1}}"
+ONE_ROLLOUT = "{preset: vllm, instances: 1, mesh: {tp: 1}}"
+
+
+def one_to_one(mode: str, timeout_s: float = 1.0, **kw):
+    return load_spec(spec_text(mode=mode, timeout_s=timeout_s, trainer=ONE_TRAINER, rollout=ONE_ROLLOUT, **kw))
+
+
+def wait_until(cond, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+class Engine:
+    """A rollout rank's engine loop in a thread: poll, apply (optionally slowly), record everything."""
+
+    def __init__(self, r, store, *, staging: bool, slow_apply: dict | None = None, **kw) -> None:
+        self.r = r
+        self.bridge, self.tensors = rollout_bridge(r, 0, store, staging=staging, **kw)
+        self.slow_apply = slow_apply or {}  # version -> seconds to sleep before applying it
+        self.applied: list[tuple[int, list]] = []
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        b = self.bridge
+        while not self.stop.is_set():
+            try:
+                if b.poll():
+                    if self.stop.wait(self.slow_apply.pop(b.staged_version, 0.0)):
+                        break  # killed while "applying"
+                    v = b.apply()
+                    self.applied.append((v, check(self.r, b, self.tensors, v)))
+            except Exception as exc:  # noqa: BLE001 - recorded for the test (a hook's own error included)
+                self.errors.append(exc)
+            time.sleep(0.002)
+
+    def kill(self) -> None:
+        """As if the process died: no more polls, heartbeats or receives; nothing is cleaned up."""
+        self.stop.set()
+        self.thread.join(10)
+        b = self.bridge
+        b._stop.set()
+        if b._thread is not None:
+            b._thread.join(10)
+        b.cp.stop_heartbeat()
+        b.closed = True  # never rejoins; its join record stays, as a killed process leaves it
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.bridge.close()
+
+
+def push(trainer, r, tensors, v):
+    set_weights(r.trainer.ranks[0], tensors, canonical(r, v))
+    return trainer.push(v)

@@ -130,7 +130,7 @@ def test_the_spec_settings_reach_the_bridge():
     b, _ = trainer_bridge(r, 0, dist.HashStore(), options=BridgeOptions(prefix="other", data_plane=StoreDataPlane()))
     try:
         assert (b.min_instances, b.cp.heartbeat_s, b.plans.receiver_dedup, b.wire) == (1, 0.3, "off", "checksums=True")
-        assert b.board.announcement_key().startswith("other/")
+        assert b.cp.keys.announce.startswith("other/")
     finally:
         b.close()
 

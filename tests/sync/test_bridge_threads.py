@@ -17,17 +17,9 @@ from weightbridge.bridge import ColocatedBridge, load_spec
 from weightbridge.errors import DeadlineExceeded, NothingToApply, PeerFailed
 from weightbridge.tensors import materialize
 
-from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
+from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge, wait_until
 
 ONE_INSTANCE = "{preset: vllm, instances: 1, mesh: {tp: 2}}"
-
-
-def wait_until(cond, timeout_s=10.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 def run_trainers(T, r, versions, *, completed=None, on_return=None, **kw):

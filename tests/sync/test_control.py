@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.handshake import check_hellos
+from weightbridge.sync.handshake import check_hellos, handshake
 from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
 from weightbridge.sync.roster import RankId
@@ -129,6 +129,37 @@ def test_a_rank_whose_heartbeat_stops_is_reported_dead_while_watched():
     assert c.monitor.known_dead(T1, c.counter("t/hb/trainer/1"))
 
 
+def test_the_heartbeat_thread_outlives_a_store_outage():
+    """Issue 27: the heartbeat thread returned on its first store error, silently and for good, so a rank
+    whose store was unreachable for a moment looked dead to every peer for the rest of the job."""
+    store = dist.HashStore()
+    outage = {"left": 3}
+
+    class Flaky(dist.Store):  # a unit helper: the store's connection fails for three writes, then is back
+        def set(self, key, value):
+            if outage["left"] > 0:
+                outage["left"] -= 1
+                raise dist.DistNetworkError("Connection reset by peer")
+            store.set(key, value)
+
+        def compare_set(self, key, expected, desired):
+            return store.compare_set(key, expected, desired)
+
+    beating = cp(Flaky(), T1, heartbeat_s=0.02)
+    beating.start_heartbeat()
+    reader = cp(store, T0)
+    try:
+        deadline = time.monotonic() + 5
+        while (outage["left"] > 0 or reader.heartbeat(T1) == 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first = reader.heartbeat(T1)  # the first beat after the outage
+        while reader.heartbeat(T1) <= first and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 0 < first < reader.heartbeat(T1), "the heartbeat stopped at the outage"
+    finally:
+        beating.stop_heartbeat()
+
+
 def test_a_live_heartbeat_is_not_reported_and_a_rank_never_seen_is_left_to_the_deadline():
     store = dist.HashStore()
     alive = cp(store, T1, heartbeat_s=0.05)
@@ -158,7 +189,7 @@ def test_a_plan_hash_mismatch_fails_the_handshake_on_every_rank_naming_both_side
     def run(who):
         c = cp(store, who)
         with pytest.raises(HandshakeMismatch) as info:
-            c.handshake(hello(who, plan=plans[who]), members, {}, c.deadline())
+            handshake(c, hello(who, plan=plans[who]), members, {}, c.deadline())
         return info.value
 
     with ThreadPoolExecutor(3) as pool:
@@ -177,14 +208,55 @@ def test_a_dtype_mismatch_names_the_rank_and_its_tensors():
     assert "qkv: spec bfloat16, tensor float32" in str(e)
 
 
-def test_a_store_that_went_away_is_reported_as_the_store_host_failing():
-    class Gone:
-        def check(self, keys):
-            raise RuntimeError("Connection reset by peer")
+def test_a_store_that_went_away_is_store_unreachable_naming_this_rank_not_a_peer():
+    """Issue 27: a store error was relabelled ``PeerFailed(... trainer 0 ... control store unreachable)``,
+    wrong under ``sync.store: external`` (trainer 0 hosts nothing there)."""
+    import datetime
 
-    c = ControlPlane(Gone(), me=R0, keys=Keys("t"), timeout_s=1)
-    with pytest.raises(PeerFailed, match="peer trainer 0 failed: control store unreachable"):
-        c.wait_for(["k"], c.deadline(), "x")
+    from weightbridge.errors import StoreUnreachable
+    from weightbridge.transport.store import open_store
+
+    master = open_store("127.0.0.1", 0, is_master=True, timeout_s=5)
+    client = dist.TCPStore("127.0.0.1", master.port, None, False, datetime.timedelta(seconds=1))
+    c = ControlPlane(client, me=R0, keys=Keys("t"), timeout_s=1)
+    del master  # the store's host is gone
+    with pytest.raises(StoreUnreachable) as info:
+        for _ in range(50):  # the server's sockets close right after the master object is released
+            c.wait_for(["k"], c.deadline(0.05), "x")
+    assert info.value.rank == "rollout 0" and "trainer 0" not in str(info.value)
+
+
+def test_a_key_deleted_between_check_and_get_neither_blocks_past_the_deadline_nor_blames_a_peer():
+    """Issue 27: ``wait_for`` checked, then got; a key deleted in between blocked in ``get`` until the store's
+    own timeout (30 s here), far past the wait's deadline, and then raised ``PeerFailed`` naming trainer 0."""
+    import datetime
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=30))
+
+    class DeletesAfterCheck(dist.Store):  # a stranger deletes every key right after a check found it
+        def check(self, keys):
+            found = store.check(keys)
+            for k in keys:
+                store.delete_key(k)
+            return found
+
+        def set(self, key, value):
+            store.set(key, value)
+
+        def get(self, key):
+            return store.get(key)
+
+        def compare_set(self, key, expected, desired):
+            return store.compare_set(key, expected, desired)
+
+    c = ControlPlane(DeletesAfterCheck(), me=R0, keys=Keys("t"), timeout_s=0.3)
+    c.set_raw("t/k", b"v")
+    t = time.monotonic()
+    assert c.wait_for(["t/k"], c.deadline(), "x") == [b"v"]  # read in one call: no window to delete it in
+    with pytest.raises(DeadlineExceeded):
+        c.wait_for(["t/never"], c.deadline(), "y")
+    assert time.monotonic() - t < 2.0
 
 
 def test_a_member_restarting_before_it_greets_is_replaced_by_its_successor_in_the_handshake():
@@ -197,12 +269,35 @@ def test_a_member_restarting_before_it_greets_is_replaced_by_its_successor_in_th
     Board(cp(store, T1)).join(0, "dead", started=1000)  # the killed incarnation's record
     t0 = cp(store, T0, timeout_s=3.0)
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(t0.handshake, hello(T0), [T0, T1], {}, t0.deadline())
+        fut = pool.submit(handshake, t0, hello(T0), [T0, T1], {}, t0.deadline())
         time.sleep(0.3)  # trainer 0 waits past a heartbeat check with the stale record in place
         successor = cp(store, T1, timeout_s=3.0)
         Board(successor).join(0, "successor", started=2000)
         time.sleep(0.1)
-        successor.handshake(hello(T1).model_copy(update={"nonce": "successor", "started": 2000}), [T0, T1], {},
-                            successor.deadline())
+        handshake(successor, hello(T1).model_copy(update={"nonce": "successor", "started": 2000}), [T0, T1], {},
+                  successor.deadline())
         hellos = fut.result(timeout=5)
     assert hellos[T1].nonce == "successor"
+
+
+def test_trainer_0_deletes_the_keys_of_epochs_older_than_the_three_newest_it_opened():
+    """Issue 26: stale per-epoch keys stayed on the store for the whole job (members, hellos, failures, the
+    bridge group's rendezvous keys of every epoch)."""
+    from weightbridge.sync.board import Board
+    from weightbridge.sync.roster import Roster
+
+    store = dist.HashStore()
+    keys = Keys("t")
+    board = Board(ControlPlane(store, me=T0, keys=keys, timeout_s=1, ranks=(T0, T1, R0)))
+    roster = Roster(2, (0,), (0,))
+
+    def epoch_keys(e):
+        return [keys.members(e), keys.failed(e), keys.hello(e, "trainer/0"), keys.hello(e, "rollout/0"),
+                keys.failure(e, "trainer/1"), f"{keys.group_prefix(e)}//0/2"]
+
+    for e in range(1, 6):
+        assert board.open_epoch(roster, "test").epoch == e
+        for k in epoch_keys(e)[1:]:
+            store.set(k, b"x")  # what the members, a failing rank and Gloo write in that epoch
+    assert not any(store.check([k]) for e in (1, 2) for k in epoch_keys(e))
+    assert all(store.check([k]) for e in (3, 4, 5) for k in epoch_keys(e))

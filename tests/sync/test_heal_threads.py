@@ -14,80 +14,19 @@ reproducer and the checksum case over Gloo in processes.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from weightbridge.bridge import load_spec
 from weightbridge.errors import BadMessage, BridgeError, DeadlineExceeded, PeerFailed
-from weightbridge.sync.messages import Announce, Join
+from weightbridge.sync.messages import Announce, Join, Keys
 
-from sync_harness import Threads, canonical, check, rollout_bridge, set_weights, spec_text, trainer_bridge
+from sync_harness import ONE_ROLLOUT, Engine, Threads, one_to_one, push, rollout_bridge, spec_text, trainer_bridge, wait_until
 
-ONE_TRAINER = "{preset: fsdp2, mesh: {dp: 1}}"
-ONE_ROLLOUT = "{preset: vllm, instances: 1, mesh: {tp: 1}}"
+KEYS = Keys("wb")  # the bridges' default key prefix
+
 SLACK_S = 2.0
-
-
-def one_to_one(mode: str, timeout_s: float = 1.0, **kw):
-    return load_spec(spec_text(mode=mode, timeout_s=timeout_s, trainer=ONE_TRAINER, rollout=ONE_ROLLOUT, **kw))
-
-
-def wait_until(cond, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
-class Engine:
-    """A rollout rank's engine loop in a thread: poll, apply (optionally slowly), record everything."""
-
-    def __init__(self, r, store, *, staging: bool, slow_apply: dict | None = None, **kw) -> None:
-        self.r = r
-        self.bridge, self.tensors = rollout_bridge(r, 0, store, staging=staging, **kw)
-        self.slow_apply = slow_apply or {}  # version -> seconds to sleep before applying it
-        self.applied: list[tuple[int, list]] = []
-        self.errors: list[BaseException] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        b = self.bridge
-        while not self.stop.is_set():
-            try:
-                if b.poll():
-                    if self.stop.wait(self.slow_apply.pop(b.staged_version, 0.0)):
-                        break  # killed while "applying"
-                    v = b.apply()
-                    self.applied.append((v, check(self.r, b, self.tensors, v)))
-            except Exception as exc:  # noqa: BLE001 - recorded for the test (a hook's own error included)
-                self.errors.append(exc)
-            time.sleep(0.002)
-
-    def kill(self) -> None:
-        """As if the process died: no more polls, heartbeats or receives; nothing is cleaned up."""
-        self.stop.set()
-        self.thread.join(10)
-        b = self.bridge
-        b._stop.set()
-        if b._thread is not None:
-            b._thread.join(10)
-        b.cp.stop_heartbeat()
-        b.closed = True  # never rejoins; its join record stays, as a killed process leaves it
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-        self.bridge.close()
-
-
-def push(trainer, r, tensors, v):
-    set_weights(r.trainer.ranks[0], tensors, canonical(r, v))
-    return trainer.push(v)
 
 
 # -- async that heals ----------------------------------------------------------------------------
@@ -198,7 +137,7 @@ def test_bad_announcement_values_are_typed_errors_at_poll_and_later_pushes_arriv
     T = Threads()
     engine = Engine(r, T.store, staging=staging)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    key = trainer.board.announcement_key()
+    key = KEYS.announce
     try:
         push(trainer, r, tensors, 1)
         v = 1
@@ -232,7 +171,7 @@ def test_a_replayed_old_announcement_is_ignored(staging):
     T = Threads()
     engine = Engine(r, T.store, staging=staging)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    key = trainer.board.announcement_key()
+    key = KEYS.announce
     try:
         push(trainer, r, tensors, 1)
         old = T.store.get(key)
@@ -259,7 +198,7 @@ def test_garbage_planted_under_an_epochs_hello_keys_does_not_fail_its_handshake(
     trainer, tensors = trainer_bridge(r, 0, T.store)
     try:
         for who in ("trainer/0", "rollout/0"):
-            T.store.set(trainer.board.keys.hello(1, who), b"planted garbage")  # epoch 1: the first push's
+            T.store.set(KEYS.hello(1, who), b"planted garbage")  # epoch 1: the first push's
         assert push(trainer, r, tensors, 1).version == 1 and trainer.epoch == 1
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
     finally:
@@ -278,7 +217,7 @@ def test_a_deleted_join_key_is_put_back_and_the_next_push_succeeds(staging):
     try:
         push(trainer, r, tensors, 1)
         for v in (2, 3):
-            T.store.delete_key(engine.bridge.board.keys.join("rollout/0"))
+            T.store.delete_key(KEYS.join("rollout/0"))
             assert push(trainer, r, tensors, v).version == v  # before: waited for the rank to join, forever
         wait_until(lambda: engine.bridge.version == 3, what="version 3 applied")
     finally:
@@ -379,7 +318,7 @@ def test_bad_values_under_the_ack_keys_read_as_no_ack_and_the_next_push_succeeds
     T = Threads()
     engine = Engine(r, T.store, staging=True)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    keys = trainer.board.ack_keys("staged", [0]) + trainer.board.ack_keys("applied", [0])
+    keys = [KEYS.ack("staged", 0), KEYS.ack("applied", 0)]
     try:
         push(trainer, r, tensors, 1)
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")
@@ -401,7 +340,7 @@ def test_a_replayed_older_applied_ack_is_replaced_and_the_next_async_push_succee
     T = Threads()
     engine = Engine(r, T.store, staging=True)
     trainer, tensors = trainer_bridge(r, 0, T.store)
-    (key,) = trainer.board.ack_keys("applied", [0])
+    key = KEYS.ack("applied", 0)
     try:
         push(trainer, r, tensors, 1)
         wait_until(lambda: engine.bridge.version == 1, what="version 1 applied")

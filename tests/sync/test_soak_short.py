@@ -27,8 +27,10 @@ SLACK_S = 2.0
 # bench/soak.py runs every cell. trainer 0 killed in a handshake never healed before survivors
 # could leave the bridge group's rendezvous early (a member restarted or died) and waits before an
 # announcement ignored late failures of the previous push (4 of 4 such trials failed, and 1 of 2
-# of rollout/handshake); ~8 s per cell here.
+# of rollout/handshake); ~8 s per cell here. store-host: trainer 0 hosts the store and dies mid-push:
+# every survivor raises within timeout_s + 2 s (it was + 5 s); nothing heals without a store (~15 s).
 CELLS = [
+    ("sync", True, "store-host", "transfer"),  # issue 26: trainer 1 raised at timeout_s + 5 s (two deadlines)
     ("sync", False, "trainer0", "idle"),
     ("sync", True, "trainer1", "handshake"),
     ("async", True, "rollout", "apply"),

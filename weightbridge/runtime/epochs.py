@@ -27,7 +27,7 @@ from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.auth import signer_for
 from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.dataplane import DataPlane, TransportDataPlane
+from weightbridge.sync.dataplane import DataPlane, TransportDataPlane, check_data_plane
 from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
 from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
@@ -85,6 +85,7 @@ class Endpoint:
             transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
             signer=self.signer, delta=sync.delta,
         )
+        check_data_plane(self.data_plane)
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
         self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
@@ -139,7 +140,8 @@ class Endpoint:
         deadline = time.monotonic() + min(CAUSE_WAIT_S, self.timeout_s / 4)
         while True:
             try:
-                seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
+                with board.cp.bounded(deadline):  # a store that does not answer ends the search, not a deadline later
+                    seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
             except BridgeError:
                 return exc
             cause = root_cause(seen, self.me)
@@ -178,9 +180,8 @@ class Endpoint:
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,
             watch=board.cp.epoch_watch(epoch, roster.members, self.hellos),
         )
-        authenticate = getattr(self.data_plane, "authenticate", None)  # data senders prove the secret first
-        if authenticate is not None:
-            self.data_auth_s = authenticate(*data_check(plan, roster, self.me, self.hellos, self.signer))
+        # data senders prove the secret before the first byte (every data plane; never skipped)
+        self.data_auth_s = self.data_plane.authenticate(*data_check(plan, roster, self.me, self.hellos, self.signer))
         self.epoch, self.roster, self.plan, self.plan_rank, self.broken = (
             epoch, roster, plan, roster.plan_rank(self.me), False
         )

@@ -56,7 +56,8 @@ class InstanceAgreement:
         while True:
             offer, held, error = self._offer(session, deadline)
             try:
-                offers = [offer] + (self._peer_offers(session, offer, deadline + timeout_s) if self.peers else [])
+                offers = [offer] + (self._peer_offers(session, offer, deadline + timeout_s, 2 * timeout_s)
+                                  if self.peers else [])
                 decision = co.decide_instance_apply(offers, want)
                 if isinstance(decision, co.ApplyStaged):
                     return self._apply(decision.version)
@@ -110,13 +111,16 @@ class InstanceAgreement:
                 raise
         return offer, held, error
 
-    def _peer_offers(self, session: str, mine: Offer, deadline: float) -> list[Offer]:
+    def _peer_offers(self, session: str, mine: Offer, deadline: float, budget_s: float) -> list[Offer]:
+        """Every peer's offer of ``mine``'s round, up to ``deadline`` (``budget_s`` after the apply began: a
+        late peer still offers, marked late, within the apply's own deadline plus one)."""
         ranks = [p.rank for p in self.peers]
         keys = self.board.offer_keys(self.instance, session, mine.round, ranks)
         progress = self._progress if (not self.bridge.staging and mine.staged is None) else None
         raw = self.board.cp.wait_for(
             keys, deadline, f"rollout ranks {ranks} of instance {self.instance} to reach round {mine.round} of "
             "apply_instance (does every rank of the instance call it?)", watch=self.peers, progress=progress,
+            budget_s=budget_s,
         )
         offers = [decode(v, Offer) for v in raw]
         for o in offers:

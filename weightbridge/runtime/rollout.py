@@ -34,7 +34,7 @@ from weightbridge.errors import BadMessage, BridgeError, ForgedMessage, NothingT
 from weightbridge.layout.ir import RankLayout
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
-from weightbridge.runtime.epochs import REJOIN_CHECK_S, Endpoint
+from weightbridge.runtime.epochs import CAUSE_WAIT_S, REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import ReceiveStats
 from weightbridge.spec.resolve import ResolvedSpec
@@ -50,10 +50,7 @@ class RolloutBridge(Endpoint):
     def __init__(self, resolved: ResolvedSpec, *, staging: bool, **kw: Any) -> None:
         super().__init__(resolved, side=ROLLOUT, **kw)
         self.staging = staging
-        self._staging: dict[str, torch.Tensor] | None = (
-            {name: t.detach().clone() for name, t in self.tensors.items() if name in _names(self.layout)}
-            if staging else None
-        )
+        self._staging: dict[str, torch.Tensor] | None = staging_copy(self.layout, self.tensors) if staging else None
         self._lock = threading.Lock()
         self._version: int | None = None
         self._torn: tuple[int, int | None, str] | None = None  # (version, previous, cause)
@@ -212,9 +209,15 @@ class RolloutBridge(Endpoint):
         return self._agreement.apply(version, self.timeout_s if timeout_s is None else float(timeout_s))
 
     def close(self) -> None:
+        """Leave the bridge. A receive in flight is ended first, then the receive thread is waited for:
+        its waits on the control store and on the bridge group's rendezvous end at once, an NCCL
+        transfer is aborted; a Gloo transfer cannot be interrupted from its own process and ends when
+        its peer sends or drops, or at its deadline (``timeout_s``). The peers hear "closed while
+        receiving version v" (a published failure)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 5)
+        if self._thread is not None and self._thread.is_alive():
+            self.data_plane.close(abort=True)
+            self._thread.join(timeout=self.timeout_s + CAUSE_WAIT_S + 1)
         self._close_common()
 
     # -- receiving ----------------------------------------------------------------------------
@@ -278,6 +281,7 @@ class RolloutBridge(Endpoint):
         a store that stays unreachable each time it is seen) and the loop goes on, so a later
         genuine announcement is still received."""
         board = self.board.clone()
+        board.cp.stop = self._stop  # close() ends this thread's waits at once
         while not self._stop.is_set():
             try:
                 self._repair(board)
@@ -325,7 +329,10 @@ class RolloutBridge(Endpoint):
                                              run.wire_received if run.wire_received >= 0 else run.bytes_received)
             self._ack(board, "staged", ann)
         except BaseException as exc:
-            cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
+            if self._stop.is_set():  # close() aborted this receive: that is what the peers must hear
+                cause: BaseException = BridgeError(f"{self.me}: closed while receiving version {ann.version}")
+            else:
+                cause = self.explain(board, exc, ann.epoch)  # a peer's ChecksumError behind a disconnect
             self.fail(board, cause, ann.version)
             if keep_error:
                 self._keep(cause)
@@ -334,5 +341,7 @@ class RolloutBridge(Endpoint):
             raise
 
 
-def _names(layout: RankLayout) -> set[str]:
-    return {t.name for t in layout.tensors}
+def staging_copy(layout: RankLayout, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of the layout's tensors to receive into (one pass over the layout; ``tensors`` holds each
+    of them, checked by ``check_tensors``)."""
+    return {t.name: tensors[t.name].detach().clone() for t in layout.tensors}

@@ -27,7 +27,7 @@ import torch
 from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
-from weightbridge.runtime.epochs import Endpoint
+from weightbridge.runtime.epochs import REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import PushStats
 from weightbridge.spec.resolve import ResolvedSpec
@@ -94,8 +94,10 @@ class TrainerBridge(Endpoint):
         raise ``TypeError`` saying where they went.
         """
         reject_moved("TrainerBridge.from_spec", moved)
-        resolved, store = connect(spec, host, port, store, is_master=rank == 0, who=f"trainer {rank}")
-        return cls(resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions())
+        options = options or BridgeOptions()
+        resolved, store = connect(spec, host, port, store, is_master=rank == 0, who=f"trainer {rank}",
+                                  secret=options.secret)
+        return cls(resolved, rank=rank, tensors=tensors, store=store, options=options)
 
     # -- push ---------------------------------------------------------------------------------
     def push(self, version: int, tensors: Mapping[str, torch.Tensor] | None = None) -> PushStats:
@@ -106,15 +108,15 @@ class TrainerBridge(Endpoint):
         tensors passed to ``from_spec`` are read as they are now. Returns per the mode (see
         :mod:`weightbridge.bridge`). Raises a typed error on any failure, after telling the other ranks.
         """
-        if tensors is not None:
-            check_tensors(self.layout, tensors)
-            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
-                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
-            self.tensors = dict(tensors)
         if self.closed:
             raise BridgeError(f"{self.me}: push() after close()")
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
+        if tensors is not None:  # replaced only once every check passed: a refused call changes nothing
+            check_tensors(self.layout, tensors)
+            if actual_dtypes(self.layout, tensors)[0] != self.dtypes:
+                raise ValueError(f"{self.me}: push(tensors=...) changed tensor dtypes since the handshake")
+            self.tensors = dict(tensors)
         t0 = time.perf_counter()
         wait_s = 0.0
         announced: Announce | None = None
@@ -320,15 +322,19 @@ class TrainerBridge(Endpoint):
             # only trainer 0's failure of this push counts (another rank may still be failing the
             # previous push there, later than this rank did)
             ready=is_mine, epoch=self.failure_epoch, since=self._since, watch=[RankId(TRAINER, 0)],
-            only=_of_push(version, RankId(TRAINER, 0)),
+            only=_of_push(version, RankId(TRAINER, 0)), budget_s=2 * self.timeout_s,
         )
         return seen[0]
 
     def _await_acks(self, ann: Announce, roster: Roster) -> None:
         ranks = roster.rollout_ranks
         stage = co.ack_stage(self.mode, self.max_staleness)
+        next_check = [time.monotonic() + REJOIN_CHECK_S]
 
         def done(_: list[bytes]) -> bool:
+            if self.rank == 0 and time.monotonic() > next_check[0]:
+                next_check[0] = time.monotonic() + REJOIN_CHECK_S
+                self._reassert(ann)
             # only this epoch's acks by the incarnations that handshook count (a replayed old ack does not)
             acks: dict[int, int] = {}
             for r in ranks:
@@ -343,6 +349,17 @@ class TrainerBridge(Endpoint):
             [], self.cp.deadline(), f"every rollout rank to ack {stage} version {ann.version}",
             ready=done, epoch=ann.epoch, watch=roster.members, joins=self.hellos,
         )
+
+    def _reassert(self, ann: Announce) -> None:
+        """Trainer 0 while its push runs: put its announcement back if the key lost it (deleted, or
+        overwritten with garbage or an older announcement where the store is not keyed by the secret),
+        so a receiver that has not read it yet still does. Receivers that did take it see nothing new."""
+        try:
+            now = self.board.announcement()
+        except (ProtocolError, ForgedMessage):
+            now = None
+        if now != ann:
+            self.board.announce(ann.seq, ann.version, ann.epoch, ann.started)
 
     def close(self) -> None:
         """Leave the bridge. With ``sync.store: trainer0`` trainer rank 0 hosts the store: close it last."""

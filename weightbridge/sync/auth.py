@@ -14,10 +14,13 @@ authentication off (values are stored bare), for a store nobody else can reach.
 
 What the secret protects (the trust model is ``docs/trust.md``):
 
-* **Control values** (:mod:`.control`): every value written is ``MAC || body`` with
-  ``MAC = HMAC-SHA256(secret, "wb-ctl" || key || body)[:16]`` over the full store key, so a value
-  is only accepted under the key it was written for; a value that does not verify raises
-  :class:`ForgedMessage` naming the key and is never decoded.
+* **Control values** (:mod:`.control`): every value written is ``MAC || stamp || body`` with
+  ``MAC = HMAC-SHA256(secret, "wb-ctl" || key || stamp || body)[:16]`` over the full store key, so a
+  value is only accepted under the key it was written for; a value that does not verify raises
+  :class:`ForgedMessage` naming the key and is never decoded. ``stamp`` (8 bytes) is when it was
+  sealed (wall clock in ns, strictly increasing within a process): the bounded store keyed by the
+  secret keeps a key's value unless the new one is sealed and stamped later (a replayed old value,
+  or one without the MAC, never replaces a job value: :mod:`weightbridge.transport.store_server`).
 * **Data senders** (:func:`data_token`): before the first byte of an epoch, the two ends of every
   pair of ranks that exchange data prove over the bridge group that they hold the secret and are
   the ranks whose (signed) hellos carry the epoch's nonces (:mod:`weightbridge.transport.peerauth`).
@@ -31,6 +34,8 @@ import hashlib
 import hmac
 import os
 import secrets as _secrets
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +43,31 @@ from weightbridge.errors import AuthError, ForgedMessage
 
 ENV = "WEIGHTBRIDGE_SECRET"
 MAC_BYTES = 16
+STAMP_BYTES = 8
+HEADER_BYTES = MAC_BYTES + STAMP_BYTES  # what a sealed value carries before its body
 MIN_SECRET_CHARS = 16
 _CTL = b"wb-ctl\x00"
 _DATA = b"wb-data\x00"
 
-__all__ = ["ENV", "MAC_BYTES", "Signer", "data_token", "ensure_env_secret", "new_secret", "signer_for",
+__all__ = ["ENV", "HEADER_BYTES", "MAC_BYTES", "Signer", "data_token", "new_secret", "secret_for", "signer_for",
            "signer_from_env"]
+
+_stamp_lock = threading.Lock()
+_last_stamp = 0
+
+
+def stamp_now() -> int:
+    """When a value is sealed: the wall clock in ns, strictly increasing within this process (a clock
+    stepped back never makes this process's later values look older than its earlier ones)."""
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp = max(time.time_ns(), _last_stamp + 1)
+        return _last_stamp
 
 
 def new_secret() -> str:
     """A fresh random job secret (256 bits, URL-safe text): what ``weightbridge secret`` prints."""
     return _secrets.token_urlsafe(32)
-
-
-def ensure_env_secret() -> str:
-    """Harnesses that start processes: the secret in ``WEIGHTBRIDGE_SECRET``, set to a fresh one if unset
-    (spawned children inherit it). Returns it."""
-    value = os.environ.get(ENV)
-    if not value:
-        value = os.environ[ENV] = new_secret()
-    return value
 
 
 class Signer:
@@ -89,23 +99,29 @@ class Signer:
         return h.digest()[:MAC_BYTES]
 
     def seal(self, key: str, body: bytes) -> bytes:
-        """The value to store under ``key``: ``MAC || body`` (``body`` itself with auth off)."""
+        """The value to store under ``key``: ``MAC || stamp || body`` (``body`` itself with auth off)."""
         if self._key is None:
             return body
-        return self.mac(_CTL, key.encode(), body) + body
+        stamp = stamp_now().to_bytes(STAMP_BYTES, "big")
+        return self.mac(_CTL, key.encode(), stamp, body) + stamp + body
 
     def open(self, key: str, value: bytes | str, reader: Any = "?") -> bytes:
         """The body of ``value`` read under ``key``; :class:`ForgedMessage` (on ``reader``) unless it verifies."""
+        return self.open_stamped(key, value, reader)[1]
+
+    def open_stamped(self, key: str, value: bytes | str, reader: Any = "?") -> tuple[int, bytes]:
+        """``(stamp, body)`` of ``value`` read under ``key`` (stamp 0 with auth off); :class:`ForgedMessage`
+        unless it verifies."""
         if isinstance(value, str):
             value = value.encode()
         if self._key is None:
-            return value
-        if len(value) < MAC_BYTES:
-            raise ForgedMessage(reader, key, f"{len(value)} bytes, shorter than a MAC")
-        tag, body = value[:MAC_BYTES], value[MAC_BYTES:]
-        if not hmac.compare_digest(tag, self.mac(_CTL, key.encode(), body)):
+            return 0, value
+        if len(value) < HEADER_BYTES:
+            raise ForgedMessage(reader, key, f"{len(value)} bytes, shorter than a MAC and its stamp")
+        tag, stamp, body = value[:MAC_BYTES], value[MAC_BYTES:HEADER_BYTES], value[HEADER_BYTES:]
+        if not hmac.compare_digest(tag, self.mac(_CTL, key.encode(), stamp, body)):
             raise ForgedMessage(reader, key, "MAC mismatch (written without the job secret, or under another key)")
-        return body
+        return int.from_bytes(stamp, "big"), body
 
 
 def data_token(signer: Signer, epoch: int, src: str, src_nonce: str, dst: str, dst_nonce: str) -> bytes:
@@ -138,15 +154,6 @@ def signer_from_env() -> Signer:
     return _checked(value.encode(), f"${ENV}")
 
 
-def open_lenient(key: str, value: bytes) -> bytes:
-    """Test hooks reading a value they did not write: opened with ``$WEIGHTBRIDGE_SECRET`` when it verifies,
-    else returned as is (a spec with ``auth: off``). Never for the runtime's own reads."""
-    try:
-        return signer_from_env().open(key, value)
-    except (AuthError, ForgedMessage):
-        return value
-
-
 def _checked(raw: bytes, source: str) -> Signer:
     raw = raw.strip()
     if len(raw) < MIN_SECRET_CHARS:
@@ -155,15 +162,16 @@ def _checked(raw: bytes, source: str) -> Signer:
     return Signer(raw, source)
 
 
-def signer_for(resolved: Any, secret: str | bytes | None = None) -> Signer:
-    """The :class:`Signer` of a bridge process of spec ``resolved`` (a ``ResolvedSpec``).
+def secret_for(resolved: Any, secret: str | bytes | None = None) -> tuple[bytes | None, str]:
+    """The job secret of a bridge process of spec ``resolved`` (a ``ResolvedSpec``) and where it came from;
+    ``(None, "auth: off")`` when the spec turns authentication off.
 
     ``secret``: ``BridgeOptions.secret``. Raises :class:`AuthError` (naming how to provide one) when the
     spec requires authentication and no secret is found, or the secret is shorter than 16 characters.
     """
     sync = resolved.sync
     if getattr(sync, "auth", "required") == "off":
-        return Signer(None, "auth: off")
+        return None, "auth: off"
     source = ""
     if secret is not None:
         source = "BridgeOptions(secret=...)"
@@ -182,4 +190,12 @@ def signer_for(resolved: Any, secret: str | bytes | None = None) -> Signer:
         source = f"sync.secret_file {path}"
     if secret is None:
         raise AuthError(f"no job secret: the spec's sync.auth is required; {HOW_TO}")
-    return _checked(secret.encode() if isinstance(secret, str) else bytes(secret), source)
+    raw = (secret.encode() if isinstance(secret, str) else bytes(secret)).strip()
+    _checked(raw, source)
+    return raw, source
+
+
+def signer_for(resolved: Any, secret: str | bytes | None = None) -> Signer:
+    """The :class:`Signer` of a bridge process of spec ``resolved`` (:func:`secret_for` finds the secret)."""
+    raw, source = secret_for(resolved, secret)
+    return Signer(raw, source)

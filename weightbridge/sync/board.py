@@ -14,10 +14,13 @@ from collections.abc import Mapping, Sequence
 
 from weightbridge.errors import ForgedMessage, ProtocolError
 from weightbridge.sync.control import ControlPlane
+from weightbridge.sync.handshake import handshake
 from weightbridge.sync.messages import Ack, Announce, Hello, Join, Leave, Membership, Offer
 from weightbridge.sync.roster import ROLLOUT, RankId, Roster
 
 log = logging.getLogger(__name__)
+
+KEEP_EPOCHS = 3  # trainer 0 keeps the keys of the newest epochs it opened (a late rank may still read them)
 
 
 class Board:
@@ -25,10 +28,11 @@ class Board:
 
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
-        self.keys = cp.keys
+        self._keys = cp.keys
         self.me = cp.me
         self.nonce = ""  # this rank's join nonce (set by join(); acks carry it)
         self._epoch = 0  # trainer 0: the newest epoch it opened (epoch numbers never go backwards)
+        self._opened: dict[int, Roster] = {}  # trainer 0: epochs it opened whose keys are still on the store
 
     def clone(self) -> Board:
         """A board on a new store connection, for another thread."""
@@ -39,16 +43,16 @@ class Board:
     # -- joining and leaving (every rank) ----------------------------------------------------
     def join(self, instance: int, nonce: str, started: int = 0) -> None:
         self.nonce = nonce
-        self.cp.set(self.keys.join(self.me.key), Join(side=self.me.side, rank=self.me.rank, instance=instance,
+        self.cp.set(self._keys.join(self.me.key), Join(side=self.me.side, rank=self.me.rank, instance=instance,
                                                       nonce=nonce, pid=os.getpid(), host=socket.gethostname(),
                                                       started=started))
 
     def leave(self, nonce: str) -> None:
-        self.cp.delete(self.keys.join(self.me.key))
-        self.cp.set(self.keys.leave(self.me.key), Leave(side=self.me.side, rank=self.me.rank, nonce=nonce))
+        self.cp.delete(self._keys.join(self.me.key))
+        self.cp.set(self._keys.leave(self.me.key), Leave(side=self.me.side, rank=self.me.rank, nonce=nonce))
 
     def join_of(self, who: RankId) -> Join | None:
-        key = self.keys.join(who.key)
+        key = self._keys.join(who.key)
         join = self.cp.get(key, Join)
         if join is not None and (join.side, join.rank) != (who.side, who.rank):
             raise ProtocolError(self.me, f"the join under {key!r} is {join.side} {join.rank}'s")
@@ -58,10 +62,10 @@ class Board:
         return self.cp.exists(self.join_keys(ranks))
 
     def join_keys(self, ranks: Sequence[RankId]) -> list[str]:
-        return [self.keys.join(r.key) for r in ranks]
+        return [self._keys.join(r.key) for r in ranks]
 
-    def heartbeat(self, who: RankId) -> int:
-        """``who``'s heartbeat counter (0: none yet); a value without the secret counts as no beat."""
+    def heartbeat(self, who: RankId) -> int | None:
+        """``who``'s heartbeat counter (0: none yet; None: unreadable, no reading)."""
         return self.cp.heartbeat(who)
 
     # -- epochs -----------------------------------------------------------------------------
@@ -73,27 +77,43 @@ class Board:
         an epoch's keys. A value that is not authenticated is ignored (and overwritten).
         """
         try:
-            stored = self.cp.counter(self.keys.epoch)
+            stored = self.cp.counter(self._keys.epoch)
         except (ForgedMessage, ProtocolError) as exc:
             log.warning("%s: ignoring the epoch value on the store: %s", self.me, exc)
             stored = 0
         epoch = max(stored, self._epoch) + 1
         for _ in range(10_000):
-            if not self.cp.exists([self.keys.members(epoch)]):
+            if not self.cp.exists([self._keys.members(epoch)]):
                 break
             epoch += 1
         else:
             raise ProtocolError(self.me, f"epochs up to {epoch} all have a membership key on the store")
         self._epoch = epoch
-        self.cp.set_counter(self.keys.epoch, epoch)
-        self.cp.set(self.keys.members(epoch), Membership(
+        self.cp.set_counter(self._keys.epoch, epoch)
+        self.cp.set(self._keys.members(epoch), Membership(
             epoch=epoch, num_trainers=roster.num_trainers, instances=roster.instances,
             rollout_ranks=roster.rollout_ranks, reason=reason,
         ))
-        return Roster(roster.num_trainers, roster.instances, roster.rollout_ranks, epoch)
+        opened = Roster(roster.num_trainers, roster.instances, roster.rollout_ranks, epoch)
+        self._opened[epoch] = opened
+        self._forget_epochs()
+        return opened
+
+    def _forget_epochs(self) -> None:
+        """Trainer 0: delete the keys of the epochs it opened before the :data:`KEEP_EPOCHS` newest (their
+        members, hellos, failures and bridge-group rendezvous), so the store does not grow epoch by epoch.
+        A rank still in such an epoch has failed its push already; it reads no key of it again."""
+        for old in sorted(self._opened)[:-KEEP_EPOCHS]:
+            roster = self._opened.pop(old)
+            keys = [self._keys.members(old), self._keys.failed(old)]
+            keys += [self._keys.hello(old, m.key) for m in roster.members]
+            keys += [self._keys.failure(old, r.key) for r in self.cp.ranks or roster.members]
+            keys += [f"{self._keys.group_prefix(old)}//0/{b}" for b in range(roster.world_size)]  # c10d's rendezvous keys
+            for key in keys:
+                self.cp.delete(key)
 
     def await_membership(self, epoch: int, deadline: float) -> Membership:
-        key = self.keys.members(epoch)
+        key = self._keys.members(epoch)
         raw = self.cp.wait_for([key], deadline, f"the membership of epoch {epoch}", epoch=epoch)
         members = self.cp.parse(key, raw[0], Membership)
         if members.epoch != epoch:
@@ -109,27 +129,24 @@ class Board:
         hello = Hello(side=self.me.side, rank=self.me.rank, epoch=roster.epoch, spec_hash=spec_hash,
                       plan_hash=plan_hash, dtypes=dtypes, dtype_diffs=dtype_diffs, wire=wire, nonce=nonce,
                       started=started)
-        return self.cp.handshake(hello, roster.members, expected_dtypes, deadline)
+        return handshake(self.cp, hello, roster.members, expected_dtypes, deadline)
 
     def failure_count(self, epoch: int) -> int:
         """Failures of ``epoch`` seen so far by this board (the ``since`` of later waits on it)."""
         return self.cp.failure_count(epoch)
 
     def group_prefix(self, epoch: int) -> str:
-        return self.keys.group_prefix(epoch)
+        return self._keys.group_prefix(epoch)
 
     # -- pushes -----------------------------------------------------------------------------
     def announce(self, seq: int, version: int, epoch: int, started: int = 0) -> Announce:
         ann = Announce(seq=seq, version=version, epoch=epoch, started=started)
-        self.cp.set(self.keys.announce, ann)
+        self.cp.set(self._keys.announce, ann)
         return ann
 
     def announcement(self) -> Announce | None:
         """The latest announcement, or None before the first push."""
-        return self.cp.get(self.keys.announce, Announce)
-
-    def announcement_key(self) -> str:
-        return self.keys.announce
+        return self.cp.get(self._keys.announce, Announce)
 
     def ack(self, stage: str, ann: Announce) -> None:
         """Rollout ranks: this rank has push ``ann`` ``staged`` or ``applied`` (bound to its join nonce).
@@ -137,13 +154,13 @@ class Board:
         Returns once the store holds it: a driver reads the acks the moment the workers' apply
         returned (``InstanceView.applied``), on another connection, and TCPStore's ``set`` sends no
         reply, so without a round trip on this connection that read could be answered first."""
-        key = self.keys.ack(stage, self.me.rank)
+        key = self._keys.ack(stage, self.me.rank)
         self.cp.set(key, Ack(rank=self.me.rank, version=ann.version, seq=ann.seq, epoch=ann.epoch, stage=stage,
                              nonce=self.nonce))
         self.cp.exists([key])  # the round trip: this connection's requests are handled in order
 
     def ack_of(self, stage: str, rollout_rank: int) -> Ack | None:
-        key = self.keys.ack(stage, rollout_rank)
+        key = self._keys.ack(stage, rollout_rank)
         ack = self.cp.get(key, Ack)
         if ack is not None and (ack.rank, ack.stage) != (rollout_rank, stage):
             raise ProtocolError(self.me, f"the ack under {key!r} is rollout {ack.rank}'s {ack.stage} ack")
@@ -171,18 +188,15 @@ class Board:
             out[r] = ack
         return out
 
-    def ack_keys(self, stage: str, rollout_ranks: Sequence[int]) -> list[str]:
-        return [self.keys.ack(stage, r) for r in rollout_ranks]
-
     # -- instance apply agreement (rollout ranks of one instance) -----------------------------
     def offer(self, instance: int, session: str, offer: Offer) -> None:
-        self.cp.set(self.keys.offer(instance, session, offer.round, self.me.rank), offer)
+        self.cp.set(self._keys.offer(instance, session, offer.round, self.me.rank), offer)
 
     def withdraw_offer(self, instance: int, session: str, round: int) -> None:
-        self.cp.delete(self.keys.offer(instance, session, round, self.me.rank))
+        self.cp.delete(self._keys.offer(instance, session, round, self.me.rank))
 
     def offer_keys(self, instance: int, session: str, round: int, rollout_ranks: Sequence[int]) -> list[str]:
-        return [self.keys.offer(instance, session, round, r) for r in rollout_ranks]
+        return [self._keys.offer(instance, session, round, r) for r in rollout_ranks]
 
 
 def rollout_ids(ranks: Sequence[int]) -> list[RankId]:

@@ -2,8 +2,9 @@
 
 One :class:`ControlPlane` per rank and thread (a store client is not shared between
 threads; :meth:`ControlPlane.clone` opens another connection). It needs only the
-store operations ``set``, ``get``, ``check`` and ``delete_key``, which
-``torch.distributed.TCPStore`` (between processes) and ``HashStore`` (threads, tests)
+store operations ``set``, ``check``, ``delete_key`` and ``compare_set`` (every read is one
+``compare_set`` that never matches, or the client's ``peek``: it never blocks on a missing key),
+which ``torch.distributed.TCPStore`` (between processes) and ``HashStore`` (threads, tests)
 both provide. It never calls ``store.add``: a stranger writing a non-integer under a key
 that is ``add``-ed makes the TCPStore server drop every client that adds to it.
 
@@ -18,16 +19,17 @@ Contracts:
    :meth:`ControlPlane.publish_failure` before raising; every other member waiting in
    that epoch raises ``PeerFailed`` carrying that rank's message. ``PeerFailed`` itself
    is never re-published (the original message stays the one everyone sees).
-3. **Handshake before the first byte.** :meth:`ControlPlane.handshake` publishes this
-   rank's :class:`Hello` and waits for every member's; a disagreement on spec hash,
-   plan hash or dtypes raises :class:`HandshakeMismatch` on every member, naming both
-   ranks and values, before any bridge group exists.
+3. **Handshake before the first byte.** :func:`weightbridge.sync.handshake.handshake` (on
+   a control plane) publishes this rank's :class:`Hello` and waits for every member's; a
+   disagreement on spec hash, plan hash or dtypes raises :class:`HandshakeMismatch` on every
+   member, naming both ranks and values, before any bridge group exists.
 4. **Heartbeats.** A daemon thread sets ``P/hb/<rank>`` to its own counter every
    ``heartbeat_s`` (started from the wall clock in ms, so a restarted process never
-   repeats its predecessor's values); a watched rank whose counter was seen moving and
-   then stood still for ``dead_after_s`` is reported dead (a killed process, or one stuck
-   holding the GIL).
-5. **Authenticated values.** Every value is written sealed (``MAC || body``,
+   repeats its predecessor's values) until :meth:`ControlPlane.stop_heartbeat`; a store error
+   skips one beat (logged once per outage), never ends the thread. A watched rank whose counter
+   was read standing still for ``dead_after_s`` is reported dead (a killed process, or one stuck
+   holding the GIL); an unreadable or replayed older counter is no reading.
+5. **Authenticated values.** Every value is written sealed (``MAC || stamp || body``,
    :class:`~weightbridge.sync.auth.Signer`, bound to its key) and every read opens it:
    a value without the job secret's MAC raises :class:`ForgedMessage` naming the key and
    is never decoded; a sealed value that is not the expected message raises
@@ -46,36 +48,26 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from weightbridge.errors import (
-    DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable,
-)
+from weightbridge.errors import DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable
 from weightbridge.sync.auth import Signer
-from weightbridge.sync.handshake import handshake
 from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.sync.messages import Failure, Hello, Join, Keys, M, decode, encode
 from weightbridge.sync.roster import RankId
 
 log = logging.getLogger(__name__)
 
-STORE_HOST = RankId("trainer", 0)  # trainer rank 0 hosts the TCPStore
 RESCAN_S = 1.0  # with a failure flag present, every failure key is re-read at least this often
+GRACE_S = 0.5  # a wait's store calls end by its deadline plus this (the last check before raising)
+FAIL_S = 1.0  # the most a failure path spends on the store (publishing, or finding a peer's cause)
 _ABSENT = b"\x00weightbridge: no such key\x00"  # a compare_set expecting this never writes: a non-blocking read
-
-
-class Store(Protocol):
-    """The subset of ``torch.distributed.Store`` the control plane uses."""
-
-    def set(self, key: str, value: bytes | str) -> None: ...
-    def get(self, key: str) -> bytes: ...
-    def check(self, keys: list[str]) -> bool: ...
-    def delete_key(self, key: str) -> bool: ...
 
 
 def clone_store(store: Any) -> Any:
@@ -130,6 +122,9 @@ class ControlPlane:
         self._scan: dict[int, tuple[bytes, float]] = {}
         self._extra: dict[int, set[RankId]] = {}  # ranks named by failure flags, per epoch
         self._ignored: set[tuple[str, str]] = set()  # bad failure values already logged
+        # Set by another thread: every wait on this control plane ends at once (RolloutBridge.close() ends
+        # its receive thread's waits with it; that thread's control plane is a clone of its own).
+        self.stop: threading.Event | None = None
 
     def clone(self) -> ControlPlane:
         """A control plane on a new store connection, for another thread (shares nothing mutable)."""
@@ -144,14 +139,25 @@ class ControlPlane:
             ranks=self.ranks,
         )
 
-    # -- store access: every store error means the store host is gone ------------------------
+    # -- store access -------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the store; a store error is :class:`StoreUnreachable` naming this rank and the
+        store (never a peer: the store may be external, and no read here blocks on a missing key)."""
         try:
             return fn(*args)
         except StoreUnreachable:
             raise  # typed already (store_client.py): the store is gone past the deadline, or restarted empty
         except RuntimeError as exc:  # DistStoreError / DistNetworkError subclass RuntimeError
-            raise PeerFailed(self.me, STORE_HOST, f"control store unreachable ({type(exc).__name__}: {exc})") from exc
+            where = getattr(self.store, "address", None) or type(self.store).__name__
+            raise StoreUnreachable(self.me, where, f"{getattr(fn, '__name__', 'call')} failed "
+                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+
+    def bounded(self, until: float) -> Any:
+        """A context in which every store call returns or raises by ``until`` (a ``time.monotonic()``
+        value; :meth:`~weightbridge.transport.store_client.ReconnectingStore.bound`): a store that stops
+        answering ends a wait at its deadline, not a store timeout later."""
+        bound = getattr(self.store, "bound", None)
+        return bound(until) if bound is not None else contextlib.nullcontext()
 
     def set(self, key: str, msg: Any) -> None:
         self.set_raw(key, encode(msg))
@@ -170,18 +176,14 @@ class ControlPlane:
         return None if value is None else self.open(key, value)
 
     def _peek(self, key: str) -> bytes | None:
-        """The raw value at ``key`` or None, in one non-blocking call where the store allows it: a
-        ``check`` then ``get`` blocks until the store's timeout when the key is deleted in between
-        (a rank's ``close()`` deletes its join record while a peer reads it)."""
-        peek = getattr(self.store, "peek", None)
+        """The raw value at ``key`` or None, in one non-blocking call: a ``check`` then ``get`` blocks until
+        the store's timeout when the key is deleted in between (a rank's ``close()`` deletes its join
+        record while a peer reads it; a stranger may delete any key)."""
+        peek = getattr(self.store, "peek", None)  # ReconnectingStore
         if peek is not None:
             return self._call(peek, key)
-        if hasattr(self.store, "compare_set"):  # TCPStore, HashStore: compare_set never matching = a read
-            value = self._call(self.store.compare_set, key, _ABSENT, _ABSENT)
-            return None if value == _ABSENT else value
-        if not self._call(self.store.check, [key]):
-            return None
-        return self._call(self.store.get, key)
+        value = self._call(self.store.compare_set, key, _ABSENT, _ABSENT)  # never matches, so never writes
+        return None if value == _ABSENT else value
 
     def get(self, key: str, cls: type[M]) -> M | None:
         """The message at ``key``, or None if the key does not exist (never blocks)."""
@@ -229,10 +231,10 @@ class ControlPlane:
         epoch: int | None = None,
         since: int = 0,
         watch: Iterable[RankId] = (),
-        stop: threading.Event | None = None,
         progress: Callable[[], None] | None = None,
         only: Callable[[Failure], bool] | None = None,
         joins: Mapping[RankId, Join | Hello] | None = None,
+        budget_s: float | None = None,
     ) -> list[bytes]:
         """Wait until all ``keys`` exist (and ``ready(values)`` holds); return their authenticated bodies.
 
@@ -240,46 +242,54 @@ class ControlPlane:
         ``since``-th and earlier are ignored: they concern an earlier push; with ``only``, just
         the failures it accepts count), a rank in ``watch`` stops heart-beating, or a rank in
         ``joins`` (its join record or hello in the wait's epoch) joined again (it restarted);
-        :class:`DeadlineExceeded` past ``deadline`` (a ``time.monotonic()`` value). ``stop`` set by
-        another thread ends the wait with :class:`DeadlineExceeded` at once (used by ``close()``).
+        :class:`DeadlineExceeded` past ``deadline`` (a ``time.monotonic()`` value), or at once when
+        :attr:`stop` is set (another thread closing this rank).
         ``progress()``, if given, runs once per iteration (work the waiter must keep doing so that
-        its peers can get here).
+        its peers can get here). ``budget_s``: the length of the deadline as the error reports it
+        (default ``timeout_s``; a caller whose deadline is longer says so).
         """
-        watch = tuple(w for w in watch if w != self.me)
+        return self._wait(keys, deadline, what, ready, epoch, since, tuple(w for w in watch if w != self.me),
+                          progress, only, joins, self.timeout_s if budget_s is None else budget_s)
+
+    def _wait(self, keys, deadline, what, ready, epoch, since, watch, progress, only, joins, budget_s) -> list[bytes]:
         sleep_s = 0.001
         while True:
-            if epoch is not None:
-                self.raise_failures(epoch, since, only)
-            if not keys or self._call(self.store.check, list(keys)):
-                values = [self.open(k, self._call(self.store.get, k)) for k in keys]
-                if ready is None or ready(values):
-                    return values
+            # the wait's own store calls end by its deadline (plus GRACE_S): a store that stops answering
+            # cannot hold it longer; progress() is other work with deadlines of its own
+            with self.bounded(deadline + GRACE_S):
+                if epoch is not None:
+                    self.raise_failures(epoch, since, only)
+                raw = [self._peek(k) for k in keys]  # non-blocking: a key deleted meanwhile reads as missing
+                if all(v is not None for v in raw):
+                    values = [self.open(k, v) for k, v in zip(keys, raw)]
+                    if ready is None or ready(values):
+                        return values
             if progress is not None:
                 progress()
             now = time.monotonic()
-            if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
-                self._last_hb_check = now
-                self.check_heartbeats(watch, now)
-                if joins:
-                    self.check_restarts(joins)
-            if now > deadline or (stop is not None and stop.is_set()):
-                missing = [k for k in keys if not self._call(self.store.check, [k])]
-                if missing:
-                    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-                    what = f"{what} (missing {', '.join(missing[:3])}{more})"
-                raise DeadlineExceeded(self.me, what, self.timeout_s)
+            with self.bounded(deadline + GRACE_S):
+                if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
+                    self._last_hb_check = now
+                    self.check_heartbeats(watch, now)
+                    if joins:
+                        self.check_restarts(joins)
+                if now > deadline or (self.stop is not None and self.stop.is_set()):
+                    missing = [k for k in keys if not self._call(self.store.check, [k])]
+                    if missing:
+                        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+                        what = f"{what} (missing {', '.join(missing[:3])}{more})"
+                    raise DeadlineExceeded(self.me, what, budget_s)
             time.sleep(sleep_s)
             sleep_s = min(sleep_s * 2, 0.02)
 
-    def heartbeat(self, who: RankId) -> int:
-        """``who``'s heartbeat counter (0: none yet). A value without the secret (or not an integer) counts as
-        no beat: the last authentic counter seen, so a forger can neither fake life nor fake a death; the
-        rank's own thread overwrites it within ``heartbeat_s``."""
+    def heartbeat(self, who: RankId) -> int | None:
+        """``who``'s heartbeat counter (0: none yet), or None when the value is unreadable (without the secret,
+        not an integer): no reading at all, so a forger can fake neither life nor a death
+        (:class:`~weightbridge.sync.heartbeat.HeartbeatMonitor` also ignores a replayed older counter)."""
         try:
             return self.counter(self.keys.heartbeat(who.key))
         except (ForgedMessage, ProtocolError):
-            last = self.monitor._last.get(who)
-            return last[0] if last is not None else 0
+            return None
 
     def check_heartbeats(self, watch: Iterable[RankId], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -322,6 +332,9 @@ class ControlPlane:
             if now - last[0] < min(self.heartbeat_s / 2, 0.1):
                 return
             last[0] = now
+            if self.stop is not None and self.stop.is_set():
+                raise DeadlineExceeded(self.me, f"the bridge group of epoch {epoch} (this rank is closing)",
+                                       self.timeout_s)
             self.raise_failures(epoch)
             self.check_heartbeats(watch, now)
             self.check_restarts(joins)
@@ -333,22 +346,32 @@ class ControlPlane:
         """Tell every member of ``epoch`` that this rank failed with ``exc`` in push ``version`` (best effort)."""
         if isinstance(exc, (PeerFailed, HandshakeMismatch, StoreUnreachable)):
             return  # originated elsewhere, seen by everyone already, or nowhere to publish it
+        if getattr(self.store, "down", False):  # the last call found the store gone: no second wait on it
+            log.warning("%s: not publishing %s: %s (the control store is unreachable)", self.me, type(exc).__name__,
+                        str(exc)[:200])
+            return
         fid = uuid.uuid4().hex
         msg = Failure(side=self.me.side, rank=self.me.rank, epoch=epoch, error=type(exc).__name__,
                       message=str(exc)[:4000], id=fid, version=version)
         try:
-            self.set(self.keys.failure(epoch, self.me.key), msg)
-            self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
-        except Exception:  # noqa: BLE001 - the store may be gone (PeerFailed, StoreUnreachable): best effort
+            with self.bounded(time.monotonic() + self.fail_s):  # best effort: never a second deadline
+                self.set(self.keys.failure(epoch, self.me.key), msg)
+                self.set_raw(self.keys.failed(epoch), f"{self.me.key} {fid}".encode())  # after the failure itself
+        except Exception:  # noqa: BLE001 - the store may be gone (StoreUnreachable): best effort
             log.warning("%s: could not publish failure %s (store unreachable)", self.me, msg)
+
+    @property
+    def fail_s(self) -> float:
+        """The most a failure path spends on the store: ``min(FAIL_S, timeout_s / 4)``."""
+        return min(FAIL_S, self.timeout_s / 4)
 
     def _refresh_failures(self, epoch: int) -> list[str]:
         """Read the failures of ``epoch`` (when its flag changed, or every ``RESCAN_S``); the ids seen, in order."""
         seen = self._seen.setdefault(epoch, [])
         flag_key = self.keys.failed(epoch)
-        if not self._call(self.store.check, [flag_key]):
+        raw = self._peek(flag_key)
+        if raw is None:
             return seen
-        raw = self._call(self.store.get, flag_key)
         now = time.monotonic()
         last = self._scan.get(epoch)
         if last is not None and last[0] == raw and now - last[1] < RESCAN_S:
@@ -403,17 +426,6 @@ class ControlPlane:
             if who != self.me and (only is None or only(f)):
                 raise PeerFailed(self.me, who, f"{f.error}: {f.message}")
 
-    # -- handshake ------------------------------------------------------------------------
-    def handshake(
-        self,
-        hello: Hello,
-        members: Sequence[RankId],
-        expected_dtypes: Mapping[RankId, str],
-        deadline: float,
-    ) -> dict[RankId, Hello]:
-        """Contract 3: :func:`weightbridge.sync.handshake.handshake` on this control plane."""
-        return handshake(self, hello, members, expected_dtypes, deadline)
-
     # -- heartbeat thread -----------------------------------------------------------------
     def start_heartbeat(self) -> None:
         if self._hb_thread is not None:
@@ -425,13 +437,20 @@ class ControlPlane:
         start = time.time_ns() // 1_000_000  # a restarted process's counter starts above its predecessor's
 
         def beat() -> None:
-            n = start
+            n, failing = start, False
             while not self._hb_stop.is_set():
                 n += 1
                 try:
                     store.set(key, seal(key, str(n).encode()))
-                except Exception:  # noqa: BLE001 - store host gone; waiters find out themselves
-                    return
+                    if failing:
+                        log.warning("%s: heartbeats reach the control store again", self.me)
+                    failing = False
+                except Exception as exc:  # noqa: BLE001 - the store is unreachable: this beat is lost, not
+                    # the next ones (returning here made this rank look dead for good once the store was back)
+                    if not failing:
+                        log.warning("%s: heartbeat not written (%s: %s); retrying every %gs", self.me,
+                                    type(exc).__name__, str(exc)[:200], self.heartbeat_s)
+                    failing = True
                 self._hb_stop.wait(self.heartbeat_s)
 
         self._hb_thread = threading.Thread(target=beat, name=f"weightbridge-heartbeat-{self.me.key}", daemon=True)

@@ -1,8 +1,9 @@
 """The seam between the control plane and the bytes: one bridge group per epoch, one run per push.
 
 :class:`TransportDataPlane` is the real one (:mod:`weightbridge.transport`: a standalone
-Gloo/NCCL group and the P2P executor). Anything with the same three methods can stand
-in for it (the unit tests move bytes through the store, in threads).
+Gloo/NCCL group and the P2P executor). Anything with the same four methods can stand
+in for it (the unit tests move bytes through the store, in threads); ``from_spec`` refuses
+a data plane that lacks one (``TypeError``).
 
 Call sequence, on every member of an epoch (trainer ranks and the epoch's rollout ranks):
 
@@ -11,16 +12,17 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
    the epoch's :class:`~weightbridge.sync.roster.Roster` (errors name spec ranks through it);
    ``watch()`` raises when a member failed, died or restarted meanwhile, and a data plane that
    waits for its peers calls it while waiting (and raises what it raised).
-2. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=..., version=...)`` once per push, on
+2. ``authenticate(peers, token)`` right after ``connect``: the data-sender check with the bridge
+   ranks its plan exchanges data with (``token(src, dst)``: what ``src`` must send ``dst``, bound to
+   the job secret, :mod:`weightbridge.transport.peerauth`); raises ``UnauthenticatedPeer``. A data
+   plane whose channel carries no bytes from outside the job (an in-process test plane) may return
+   at once, but it must say so by implementing it: it is never skipped.
+3. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=..., version=...)`` once per push, on
    every member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
    in the plan's exchange rounds and local copies). ``version`` is the pushed version (with
    ``sync.delta`` the base of the next push's deltas; a data plane may ignore it).
-3. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure).
-
-A data plane whose channel is not authenticated by itself (the real one: the bridge group's
-rendezvous is plain c10d keys) also has ``authenticate(peers, token)``, which the runtime calls on
-every member right after ``connect`` with the bridge ranks its plan exchanges data with
-(:mod:`weightbridge.transport.peerauth`); data planes without it (in-process test fakes) are trusted.
+4. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure, or from
+   another thread to end a ``run`` in flight: ``RolloutBridge.close()``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,21 @@ class DataPlane(Protocol):
         version: int = 0,
     ) -> RunStats: ...
 
+    def authenticate(self, peers: Sequence[int], token: Callable[[int, int], bytes]) -> float: ...
+
     def close(self, abort: bool = False) -> None: ...
+
+
+METHODS = ("connect", "authenticate", "run", "close")
+
+
+def check_data_plane(plane: Any) -> None:
+    """``TypeError`` naming the missing methods unless ``plane`` has every method of :class:`DataPlane`
+    (a data plane without ``authenticate`` would otherwise turn the data-sender check off silently)."""
+    missing = [m for m in METHODS if not callable(getattr(plane, m, None))]
+    if missing:
+        raise TypeError(f"BridgeOptions(data_plane=...): {type(plane).__name__} lacks {', '.join(missing)} "
+                        "(a data plane implements connect, authenticate, run and close: weightbridge.sync.dataplane)")
 
 
 class TransportDataPlane:

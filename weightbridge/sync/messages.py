@@ -37,14 +37,17 @@ key                               value                  written by / when
                                                          older are deleted
 ================================  =====================  ===============================================
 
+Trainer 0 deletes the keys of an epoch (``P/e{E}/...``: members, hellos, failures, the flag, Gloo's
+rendezvous keys) once it opened three newer ones (:data:`weightbridge.sync.board.KEEP_EPOCHS`).
+
 Heartbeats are counters, not timestamps: a waiter notes when it last saw a counter
 change, on its own monotonic clock, so clock skew between hosts does not matter.
 
-**Every value is authenticated** (:mod:`.auth`): stored as ``MAC || body``, the MAC over the
-full key and the body, so a reader accepts a value only under the key it was written for
-(the c10d ``add`` counters under ``pg/`` excepted). Nothing is a ``store.add`` counter. What a replayed
-old genuine value can still do, key by key, is in ``docs/trust.md``: at most a typed error or
-a wait to the deadline.
+**Every value is authenticated** (:mod:`.auth`): stored as ``MAC || stamp || body``, the MAC over the
+full key, the stamp and the body, so a reader accepts a value only under the key it was written for.
+Nothing is a ``store.add`` counter. A store keyed by the job secret keeps a key's value unless a later
+sealed one comes (:mod:`weightbridge.transport.store_server`); what a stranger can still do, key by
+key and store by store, is in ``docs/trust.md``: at most a typed error or a wait to the deadline.
 """
 
 from __future__ import annotations

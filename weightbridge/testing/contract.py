@@ -154,8 +154,9 @@ class RankContext:
 class FaultHook:
     """``on_round`` hook: SIGKILL this process after round ``round`` of version ``version``.
 
-    Picklable; reads the announced version from the store (so it works in any process of the
-    rank) and records the kill time under ``wbtest/killed_at`` first. Reaches an engine's worker
+    Picklable; tells the push in flight from the suite's own marks on the store (``wbtest/pushing/V``,
+    set by the trainer ranks), so it works in any process of the rank, and records the kill time under
+    ``wbtest/killed_at`` first. Reaches an engine's worker
     processes by name (``hook_name``, with ``hook_params()``: registered in
     ``weightbridge.integrations._engine.hooks``), never pickled.
     """
@@ -181,12 +182,10 @@ class FaultHook:
             from weightbridge.transport.store import open_store
 
             self._store = open_store(host, port, is_master=False, timeout_s=timeout_s)
-        from weightbridge.sync.auth import open_lenient
-        from weightbridge.sync.messages import Announce, Keys, decode
-
-        key = Keys(prefix).announce
-        ann = decode(open_lenient(key, self._store.get(key)), Announce)
-        if ann.version == version:
+        # the trainer ranks mark each push they begin (weightbridge.testing.ranks): push `version` is the one
+        # in flight while its mark is set and the next one's is not (the bridge's own keys are not read here)
+        now, after = (f"{TEST_KEYS}/pushing/{v}" for v in (version, version + 1))
+        if self._store.check([now]) and not self._store.check([after]):
             self._store.set(f"{TEST_KEYS}/killed_at", repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 

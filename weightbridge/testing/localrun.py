@@ -73,6 +73,18 @@ def _forkserver(preload: Sequence[str]) -> Any:
     return ctx
 
 
+def ensure_env_secret() -> str:
+    """The launcher's job secret: ``$WEIGHTBRIDGE_SECRET``, set here to a fresh random one when unset, so
+    that every process it starts (and every engine worker they start) inherits the same one. Harnesses
+    that start processes call it first; the library itself never writes the environment."""
+    from weightbridge.sync.auth import ENV, new_secret
+
+    value = os.environ.get(ENV)
+    if not value:
+        value = os.environ[ENV] = new_secret()
+    return value
+
+
 def _child(fn: Callable, args: tuple, conn: Any, threads: int, secret: str = "") -> None:
     if secret:  # the launcher's job secret (a forkserver started earlier does not have the launcher's env)
         from weightbridge.sync.auth import ENV
@@ -121,8 +133,6 @@ def launch(
     Every process gets the launcher's job secret (``$WEIGHTBRIDGE_SECRET``, set here to a fresh
     random one when unset, so bridges built in the children authenticate each other).
     """
-    from weightbridge.sync.auth import ensure_env_secret
-
     global _in_flight
     secret = ensure_env_secret()
     with _lock:

@@ -4,7 +4,8 @@ Each body builds the integration's side with its factory, follows the scenario's
 returns a list of plain dict events (picklable) that the suite's tests assert on. Every wait
 here is bounded by the script's ``run_s``; the parent kills the process at its own deadline.
 
-Store keys of the suite (prefix ``wbtest/``): ``ready/rollout/R`` (unit built), ``pushed/T/V``,
+Store keys of the suite (prefix ``wbtest/``): ``ready/rollout/R`` (unit built), ``pushing/V`` (a trainer
+rank began push V), ``pushed/T/V``,
 ``failed/T/V`` (push V raised on trainer rank T), ``trainer-done/T`` (``impostor-done/T`` for a trainer
 without the job secret), ``killed_at`` (set by :class:`~weightbridge.testing.contract.FaultHook`),
 ``state/rollout/R`` (post-failure state recorded).
@@ -164,6 +165,7 @@ def trainer_body(job: dict[str, Any]) -> list[dict[str, Any]]:
         for name in s.get("wait_keys", {}).get(v, ()):
             wait_key(store, name, deadline, f"{name} before pushing version {v}")
         side.load_weights(iter(expected_weights(resolved, v, s.get("sparse", False)).items()))
+        store.set(key("pushing", v), "1")  # FaultHook: the push in flight
         t0 = time.time()
         try:
             result = side.push(v)

@@ -89,7 +89,7 @@ def make_engine(model_dir: str | Path, tp: int, **kw: Any) -> Any:
     """An ``sglang.Engine`` on the CPU settings that work here, with weightbridge's custom loader (its
     workers inherit the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset)."""
     from weightbridge.integrations.sglang import engine_kwargs
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()
     cpu_env(tp)
@@ -101,7 +101,7 @@ def make_engine(model_dir: str | Path, tp: int, **kw: Any) -> Any:
 def start_server(model_dir: str | Path, tp: int, port: int, log_path: str | Path) -> subprocess.Popen:
     """``python -m sglang.launch_server`` with the same settings (the HTTP path)."""
     from weightbridge.integrations.sglang import LOADER
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()
     cpu_env(tp)
@@ -161,7 +161,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     """
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 

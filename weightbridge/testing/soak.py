@@ -16,7 +16,11 @@ Who does what (all local processes):
 A cell is (mode, staging, victim, phase): victim ``trainer0`` / ``trainer1`` / ``rollout`` (a random
 rollout rank), phase ``handshake`` (during push 1's handshake; heals at push 2), ``transfer`` (after a
 random round of push 2; heals at 3), ``apply`` (push 2 staged, not applied; heals at 3), ``idle``
-(after push 1 everywhere; heals at 2); then :data:`STEADY` more pushes. Per trial: **hang**; **untyped** errors (not a
+(after push 1 everywhere; heals at 2); then :data:`STEADY` more pushes. Victim ``store-host`` (phase
+``transfer`` only): trainer 0 hosts the bridges' control store (``sync.store: trainer0``; the harness
+keeps its own keys on its own store) and dies mid-push, taking the store with it: nothing heals
+without a rebuild (``docs/control_store.md``), so the cell's bar is every survivor raising a typed
+error within ``timeout_s`` + slack, and no wrong weights. Per trial: **hang**; **untyped** errors (not a
 :class:`~weightbridge.errors.BridgeError`, including crashes and dead threads); **wrong** (a rollout
 served tensors that are not bitwise the version it reports, or a version nobody pushed); **early**
 (sync, a rollout victim: a survivor's push of the killed version returned); **latency** (a
@@ -44,8 +48,9 @@ from weightbridge.testing.localrun import launch
 HOST = "127.0.0.1"
 MODES = ("sync", "async")
 STAGINGS = (True, False)
-VICTIMS = ("trainer0", "trainer1", "rollout")
+VICTIMS = ("trainer0", "trainer1", "rollout", "store-host")
 PHASES = ("handshake", "transfer", "apply", "idle")
+ONLY_PHASES = {"store-host": ("transfer",)}  # victims killed in some phases only
 NUM_TRAINER, NUM_ROLLOUT = 2, 2
 STEADY = 2  # pushes after the healing push, all of which must succeed too
 
@@ -53,7 +58,8 @@ Cell = tuple[str, bool, str, str]  # (mode, staging, victim, phase)
 
 
 def all_cells(modes=MODES, stagings=STAGINGS, victims=VICTIMS, phases=PHASES) -> list[Cell]:
-    return [(m, s, v, p) for m in modes for s in stagings for v in victims for p in phases]
+    return [(m, s, v, p) for m in modes for s in stagings for v in victims for p in phases
+            if p in ONLY_PHASES.get(v, PHASES)]
 
 
 def cell_name(cell: Cell) -> str:
@@ -69,7 +75,7 @@ def sync_fields() -> set[str]:
 
 
 def write_spec(workdir: Path, mode: str, timeout_s: float, *, external: bool, heartbeat_s: float = 0.2) -> Path:
-    extra = ", store: external" if external and "store" in sync_fields() else ""
+    extra = f", store: {'external' if external else 'trainer0'}" if "store" in sync_fields() else ""
     text = (
         "version: 1\nmodel: {bundled: tiny-qwen2}\n"
         "trainer: {preset: fsdp2, mesh: {dp: 2}}\n"
@@ -77,7 +83,7 @@ def write_spec(workdir: Path, mode: str, timeout_s: float, *, external: bool, he
         f"sync: {{mode: {mode}, max_staleness: 1, round_bytes: 8KiB, timeout_s: {timeout_s}, "
         f"heartbeat_s: {heartbeat_s}{extra}}}\n"
     )
-    path = workdir / f"soak-{mode}.yaml"
+    path = workdir / f"soak-{mode}{'' if external else '-trainer0'}.yaml"
     path.write_text(text)
     return path
 
@@ -168,12 +174,12 @@ def plan_trial(cell: Cell, rng: random.Random) -> dict:
     mode, staging, victim, phase = cell
     kill_v = 1 if phase in ("handshake", "idle") else 2
     heal = 2 if phase in ("handshake", "idle") else 3
-    rank = rng.randrange(NUM_ROLLOUT) if victim == "rollout" else int(victim[-1])
+    rank = rng.randrange(NUM_ROLLOUT) if victim == "rollout" else 0 if victim == "store-host" else int(victim[-1])
     side = "rollout" if victim == "rollout" else "trainer"
     kill = {"phase": phase, "version": kill_v, "round": rng.randint(0, 8)}
     final = heal + STEADY  # pushes after the healing one: a jam shows up there (async staleness)
     return {"cell": cell, "side": side, "rank": rank, "kill": kill, "heal": heal, "final": final,
-            "versions": list(range(1, final + 1))}
+            "versions": list(range(1, final + 1)), "heals": victim != "store-host"}
 
 
 def run_trial(cell: Cell, rng: random.Random, workdir: Path, *, timeout_s: float, stores: Stores,
@@ -181,12 +187,16 @@ def run_trial(cell: Cell, rng: random.Random, workdir: Path, *, timeout_s: float
     plan = plan_trial(cell, rng)
     mode, staging = cell[0], cell[1]
     store, job = stores.next_job()
-    spec = write_spec(workdir, mode, timeout_s, external=store.kind == "cli")
+    hosted = not plan["heals"]  # trainer 0 hosts the bridges' store; the harness's keys stay on its own
+    spec = write_spec(workdir, mode, timeout_s, external=store.kind == "cli" and not hosted)
     cfg = job_cfg(spec, store.port, timeout_s, secret, job)
+    if hosted:  # trainer 0 (the victim) never finishes: the rollouts stop after the other trainers
+        cfg["bridge_port"] = free_port()
+        cfg["finishers"] = [t for t in range(NUM_TRAINER) if t != plan["rank"]]
     procs, names = [], []
     for t in range(NUM_TRAINER):
         mine = plan["side"] == "trainer" and plan["rank"] == t
-        procs.append((R.trainer, (cfg, t, {"versions": plan["versions"], "rejoin_before": plan["heal"],
+        procs.append((R.trainer, (cfg, t, {"versions": plan["versions"], "rejoin_before": plan["heal"] if plan["heals"] else None,
                                            "kill": plan["kill"] if mine else None})))
         names.append(f"trainer/{t}")
     for r in range(NUM_ROLLOUT):
@@ -195,17 +205,26 @@ def run_trial(cell: Cell, rng: random.Random, workdir: Path, *, timeout_s: float
                                            "kill": plan["kill"] if mine else None})))
         names.append(f"rollout/{r}")
     victim = f"{plan['side']}/{plan['rank']}"
-    role = R.trainer if plan["side"] == "trainer" else R.rollout
-    ropts = ({"versions": list(range(plan["heal"], plan["final"] + 1)), "replacement": True}
-             if plan["side"] == "trainer" else {"staging": staging, "last": plan["final"], "replacement": True})
-    procs.append((role, (cfg, plan["rank"], ropts)))
-    names.append(f"{victim} (restarted)")
+    if plan["heals"]:  # a replacement of the victim rejoins; without the store nothing can
+        role = R.trainer if plan["side"] == "trainer" else R.rollout
+        ropts = ({"versions": list(range(plan["heal"], plan["final"] + 1)), "replacement": True}
+                 if plan["side"] == "trainer" else {"staging": staging, "last": plan["final"], "replacement": True})
+        procs.append((role, (cfg, plan["rank"], ropts)))
+        names.append(f"{victim} (restarted)")
     t0 = time.time()
     res = launch(_call, [(fn, args) for fn, args in procs], timeout_s=deadline_s or 12 * timeout_s + 60)
     ctl = {k: store.value(f"{cfg['ctl']}/{k}") for k in ("killed_at", "killed_why", "rejoined", f"pushing/{plan['heal']}")}
     out = judge(plan, names, res, ctl, timeout_s)
     out["seconds"] = round(time.time() - t0, 2)
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
 
 
 def _call(fn: Callable, args: tuple) -> Any:
@@ -217,7 +236,8 @@ def judge(plan: dict, names: list[str], res: list, ctl: dict, timeout_s: float) 
     mode, staging, victim_kind, phase = plan["cell"]
     victim = f"{plan['side']}/{plan['rank']}"
     killed_at = float(ctl["killed_at"]) if ctl["killed_at"] else None
-    heal_start = float(ctl[f"pushing/{plan['heal']}"]) if ctl[f"pushing/{plan['heal']}"] else float("inf")
+    heal_start = float(ctl[f"pushing/{plan['heal']}"]) if ctl[f"pushing/{plan['heal']}"] and plan["heals"] \
+        else float("inf")  # no healing push where the store died: any raise after the kill counts
     out: dict[str, Any] = {"cell": cell_name(plan["cell"]), "victim": victim, "kill": plan["kill"],
                            "killed": killed_at is not None, "killed_why": ctl["killed_why"],
                            "hang": [], "untyped": [], "wrong": [], "early": [], "latency": {}, "errors": {}}
@@ -253,6 +273,9 @@ def judge(plan: dict, names: list[str], res: list, ctl: dict, timeout_s: float) 
         else:
             healed &= any(e["kind"] == "applied" and e["v"] == plan["final"] and not e["bad"] for e in events)
     healed &= not out["hang"]
+    if not plan["heals"]:  # the store died with its host: the bar is that every survivor raised, typed
+        survivors = [n for n in names if n != victim]
+        healed = killed_at is not None and not out["hang"] and all(n in out["latency"] for n in survivors)
     lat = max(out["latency"].values(), default=None)
     out["max_latency_over_s"] = None if lat is None else round(lat - timeout_s, 2)
     out["healed"] = bool(healed)

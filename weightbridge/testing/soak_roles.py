@@ -181,8 +181,10 @@ def _trainer(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
             kill_self(store, cfg, f"transfer round {index}")
 
     t0 = time.time()
+    # the bridges' store: the harness's (store=), or one trainer 0 hosts (cfg["bridge_port"]: sync.store trainer0)
+    where = ({"host": cfg["host"], "port": cfg["bridge_port"]} if cfg.get("bridge_port") else {"store": client(cfg)})
     try:
-        bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, store=client(cfg),
+        bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, **where,
                                          options=BridgeOptions(prefix=cfg["prefix"], on_round=on_round))
     except BaseException as exc:  # noqa: BLE001
         events.append(error_event(exc, where="from_spec", t0=t0))
@@ -264,7 +266,8 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
 
     t0 = time.time()
     try:
-        bridge = RolloutBridge.from_spec(r, rank=rank, tensors=tensors, host=cfg["host"], port=cfg["port"],
+        bridge = RolloutBridge.from_spec(r, rank=rank, tensors=tensors, host=cfg["host"],
+                                         port=cfg.get("bridge_port") or cfg["port"],
                                          staging=opts["staging"],
                                          options=BridgeOptions(prefix=cfg["prefix"], on_round=on_round))
     except BaseException as exc:  # noqa: BLE001
@@ -274,7 +277,7 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
     if opts.get("replacement"):
         store.set(f"{cfg['ctl']}/rejoined", repr(time.time()))
     arm_watcher(cfg, kill, who)
-    tdone = [f"{cfg['ctl']}/tdone/{t}" for t in range(cfg["num_trainer"])]
+    tdone = [f"{cfg['ctl']}/tdone/{t}" for t in cfg.get("finishers", range(cfg["num_trainer"]))]
     end = time.monotonic() + cfg["run_s"]
     done_at = None
     while time.monotonic() < end:
@@ -361,6 +364,7 @@ def stranger(cfg: dict, steps: list[dict]) -> list[dict]:
                     store.set(f"{cfg['ctl']}/h/quiet/{st['versions'][0]}", "1")
         except BaseException as exc:  # noqa: BLE001 - the stranger's own trouble is only noted
             ev.update(error_event(exc, kind="step"))
+            store = client(cfg)  # the store may have closed this connection (a value past its bound): a new one
         events.append(ev)
         store.set(f"{cfg['ctl']}/h/done/{st['step']}", "1")
     return events

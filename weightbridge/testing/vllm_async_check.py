@@ -112,7 +112,7 @@ async def _run(kind: str, tp: int, workdir: Path, steps: tuple[int, int], timeou
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 

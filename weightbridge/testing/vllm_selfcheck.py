@@ -303,7 +303,7 @@ def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: 
     machine); the weight-transfer protocol and ``collective_rpc`` are the same. (vLLM's own
     multiprocess engine core is exercised by ``vllm serve`` and ``AsyncLLM``.)
     """
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -351,7 +351,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()  # before the trainer processes and the engine's workers start: all share it
     workdir = Path(workdir)

@@ -84,7 +84,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.testing.localrun import launch
     from weightbridge.transport.store import open_store
 

@@ -49,7 +49,7 @@ class BridgeGroup:
     num_trainers: int
     timeout_s: float  # deadline of every wait on this group
     device: torch.device | None = None  # NCCL: the CUDA device the communicator is bound to
-    roster: Roster | None = field(default=None)  # None: Roster.identity (plan rank = spec rank)
+    roster: Roster = field(default=None)  # type: ignore[assignment]  # None given: Roster.identity (plan = spec)
 
     def __post_init__(self) -> None:
         if self.roster is None:
@@ -66,20 +66,15 @@ class BridgeGroup:
 
     def bridge_rank(self, side: str, rank: int) -> int:
         """Bridge rank of plan rank ``rank`` of ``side`` ("trainer" or "rollout")."""
-        return self._roster().bridge_of_plan(side, rank)
+        return self.roster.bridge_of_plan(side, rank)
 
     def side_rank(self, bridge_rank: int) -> tuple[str, int]:
         """(side, plan rank) of ``bridge_rank``: the inverse of :meth:`bridge_rank`."""
-        return self._roster().plan_of_bridge(bridge_rank)
+        return self.roster.plan_of_bridge(bridge_rank)
 
     def describe_rank(self, bridge_rank: int) -> str:
         """``rollout 3 (bridge rank 2)``: the spec rank of ``bridge_rank`` (what errors show)."""
-        return self._roster().describe(bridge_rank)
-
-    def _roster(self) -> Roster:
-        if self.roster is None:  # only if a caller reset it after construction
-            self.roster = Roster.identity(self.num_trainers, self.world_size - self.num_trainers)
-        return self.roster
+        return self.roster.describe(bridge_rank)
 
     def error(
         self, cls: type[TransportError], peer: int | None, round_index: int | None, message: str
@@ -162,7 +157,7 @@ def create_bridge_group(
     if roster is not None and (roster.world_size != world_size or roster.num_trainers != num_trainers):
         raise ValueError(f"the roster has {roster.world_size} ranks ({roster.num_trainers} trainers), the group "
                          f"{world_size} ({num_trainers} trainers)")
-    while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): its current raw connection
+    while hasattr(store, "underlying"):  # a reconnecting client (store_client.py): a torch client of its own
         store = store.underlying()
     bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
     sealed = signer is not None and signer.enabled
