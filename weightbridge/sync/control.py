@@ -57,6 +57,7 @@ from weightbridge.errors import (
     DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable,
 )
 from weightbridge.sync.auth import Signer
+from weightbridge.sync.batch import batch
 from weightbridge.sync.handshake import handshake
 from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.sync.messages import Failure, Hello, Join, Keys, M, decode, encode
@@ -80,11 +81,8 @@ class Store(Protocol):
 
 def clone_store(store: Any) -> Any:
     """A second client of the same store for another thread (TCPStore.clone), else the store itself."""
-    clone = getattr(store, "clone", None)
-    if clone is None:
-        return store
     try:
-        return clone()
+        return store.clone() if hasattr(store, "clone") else store
     except RuntimeError:  # stores that cannot clone are thread-safe in-process maps (HashStore)
         return store
 
@@ -123,26 +121,19 @@ class ControlPlane:
         self.monitor = monitor or HeartbeatMonitor(self.dead_after_s)
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
-        self._last_hb_check = 0.0
         # failures seen, per epoch: ids in the order first seen; the flag value and time of the last scan
         self._seen: dict[int, list[str]] = {}
         self._failed: dict[str, Failure] = {}  # id -> failure (of any epoch)
         self._scan: dict[int, tuple[bytes, float]] = {}
         self._extra: dict[int, set[RankId]] = {}  # ranks named by failure flags, per epoch
         self._ignored: set[tuple[str, str]] = set()  # bad failure values already logged
+        self.snapshot: dict[str, bytes | None] | None = None  # raw values read at once (sync/batch.py)
 
     def clone(self) -> ControlPlane:
         """A control plane on a new store connection, for another thread (shares nothing mutable)."""
-        return ControlPlane(
-            clone_store(self.store),
-            me=self.me,
-            keys=self.keys,
-            timeout_s=self.timeout_s,
-            heartbeat_s=self.heartbeat_s,
-            dead_after_s=self.dead_after_s,
-            auth=self.auth,
-            ranks=self.ranks,
-        )
+        return ControlPlane(clone_store(self.store), me=self.me, keys=self.keys, timeout_s=self.timeout_s,
+                            heartbeat_s=self.heartbeat_s, dead_after_s=self.dead_after_s, auth=self.auth,
+                            ranks=self.ranks)
 
     # -- store access: every store error means the store host is gone ------------------------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -172,7 +163,10 @@ class ControlPlane:
     def _peek(self, key: str) -> bytes | None:
         """The raw value at ``key`` or None, in one non-blocking call where the store allows it: a
         ``check`` then ``get`` blocks until the store's timeout when the key is deleted in between
-        (a rank's ``close()`` deletes its join record while a peer reads it)."""
+        (a rank's ``close()`` deletes its join record while a peer reads it). Inside a
+        :func:`~weightbridge.sync.batch.batch` of ``key``: the value read then."""
+        if self.snapshot is not None and key in self.snapshot:
+            return self.snapshot[key]
         peek = getattr(self.store, "peek", None)
         if peek is not None:
             return self._call(peek, key)
@@ -197,6 +191,9 @@ class ControlPlane:
                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def exists(self, keys: Sequence[str]) -> bool:
+        snap = self.snapshot
+        if snap is not None and all(k in snap for k in keys):
+            return all(snap[k] is not None for k in keys)
         return bool(self._call(self.store.check, list(keys)))
 
     def counter(self, key: str) -> int:
@@ -245,23 +242,30 @@ class ControlPlane:
         ``progress()``, if given, runs once per iteration (work the waiter must keep doing so that
         its peers can get here).
         """
+        if self.snapshot is not None:
+            raise RuntimeError("wait_for inside a batch of reads would see the same values until its deadline")
         watch = tuple(w for w in watch if w != self.me)
         sleep_s = 0.001
+        # heartbeats from half a period on: a wait that ends sooner costs no heartbeat reads
+        next_beat = time.monotonic() + self.heartbeat_s / 2
         while True:
             if epoch is not None:
                 self.raise_failures(epoch, since, only)
             if not keys or self._call(self.store.check, list(keys)):
-                values = [self.open(k, self._call(self.store.get, k)) for k in keys]
-                if ready is None or ready(values):
+                raw = [self._peek(k) for k in keys]  # a read each (get would wait, then read: two)
+                values = [self.open(k, v) for k, v in zip(keys, raw) if v is not None]
+                if len(values) == len(keys) and (ready is None or ready(values)):
                     return values
             if progress is not None:
                 progress()
             now = time.monotonic()
-            if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
-                self._last_hb_check = now
-                self.check_heartbeats(watch, now)
-                if joins:
-                    self.check_restarts(joins)
+            if (watch or joins) and now >= next_beat:
+                next_beat = now + self.heartbeat_s / 2
+                beats = [self.keys.heartbeat(w.key) for w in watch] + [self.keys.join(w.key) for w in joins or ()]
+                with batch(self, beats):  # every member's heartbeat and join record: one snapshot
+                    self.check_heartbeats(watch, now)
+                    if joins:
+                        self.check_restarts(joins)
             if now > deadline or (stop is not None and stop.is_set()):
                 missing = [k for k in keys if not self._call(self.store.check, [k])]
                 if missing:

@@ -177,6 +177,19 @@ class ReconnectingStore:
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         return self._call("compare_set", key, expected, desired, retry=False)
 
+    def multi_get_within(self, keys: list[str], timeout_s: float) -> list[bytes] | None:
+        """The values of ``keys`` (every one known to exist) in one ``multi_get``; None when one does not
+        exist within ``timeout_s`` (deleted after the caller checked). Retried like ``get``."""
+        if self._store is not None:
+            self._store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        try:
+            return [bytes(v) for v in self._call("multi_get", list(keys))]
+        except dist.DistStoreError:  # the wait for a missing key timed out (the connection is fine)
+            return None
+        finally:
+            if self._store is not None:
+                self._store.set_timeout(datetime.timedelta(seconds=self.timeout_s))
+
     def peek(self, key: str) -> bytes | None:
         """The value under ``key``, or None if there is none, without blocking (``get`` waits for a
         missing key until the store's timeout; a key deleted between ``check`` and ``get`` did that).
