@@ -27,7 +27,8 @@ def canonical(resolved, version: int) -> dict[str, torch.Tensor]:
     return {t.name: torch.randn(t.shape, generator=g).to(torch_dtype(t.dtype)) for t in resolved.canonical.tensors}
 
 
-def _wait_file(path: Path, limit_s: float) -> bool:
+def wait_file(path: Path, limit_s: float) -> bool:
+    """True once ``path`` exists; False after ``limit_s``."""
     deadline = time.monotonic() + limit_s
     while not path.exists():
         if time.monotonic() > deadline:
@@ -47,14 +48,14 @@ def trainer(spec: str, rank: int, host: str, port: int, opts: dict) -> list[tupl
     def on_round(index: int) -> None:
         if rank == 0 and current["v"] == opts.get("cut") and index == 0:
             (d / "cut-request").write_text(str(time.time()))
-            _wait_file(d / "cut-done", 30)
+            wait_file(d / "cut-done", 30)
 
     bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, host=host, port=port,
                                      options=BridgeOptions(on_round=on_round))
     events: list[tuple] = []
     for v in opts["versions"]:
         if v in opts.get("wait_go", ()):
-            _wait_file(d / f"go-{v}", 60)
+            wait_file(d / f"go-{v}", 60)
         fresh = materialize(layout, canonical(r, v))
         with torch.no_grad():
             for name, t in tensors.items():
@@ -69,7 +70,7 @@ def trainer(spec: str, rank: int, host: str, port: int, opts: dict) -> list[tupl
         (d / f"pushed-{rank}-{v}").write_text("1")
     if rank == 0:  # with sync.store trainer0 this process hosts the store: close after every rollout rank
         for q in range(r.rollout.world_size):
-            _wait_file(d / f"closed-rollout-{q}", 30)
+            wait_file(d / f"closed-rollout-{q}", 30)
     bridge.close()
     return events
 

@@ -17,11 +17,10 @@ import pytest
 
 import multihost_workers as W
 from weightbridge.testing._internal import cluster as C
-from weightbridge.testing._internal.cluster import Cluster, ours, unavailable
+from weightbridge.testing._internal.cluster import Cluster, ours, require
 
 pytestmark = [pytest.mark.multiprocess]
-if unavailable():
-    pytest.skip(f"no cluster of network namespaces here: {unavailable()}", allow_module_level=True)
+require()  # skips without root, ip or tc (fails instead under WEIGHTBRIDGE_REQUIRE_NETNS=1)
 
 
 def root_links() -> list[str]:
@@ -83,6 +82,13 @@ def test_namespaces_of_a_killed_run_are_swept_by_the_next_cluster(monkeypatch):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def test_unavailable_says_why_without_root(monkeypatch):
+def test_without_namespaces_tests_skip_with_the_reason_and_fail_under_require(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert C._probe() == "network namespaces need root (running as uid 1000)"
+    monkeypatch.setattr(C, "_UNAVAILABLE", ["iproute2's tc not found (install iproute2)"])
+    monkeypatch.delenv(C.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="tc not found"):
+        C.require()
+    monkeypatch.setenv(C.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="WEIGHTBRIDGE_REQUIRE_NETNS=1 but .*tc not found"):
+        C.require()

@@ -26,11 +26,10 @@ from pathlib import Path
 import pytest
 
 import multihost_workers as W
-from weightbridge.testing._internal.cluster import Cluster, Link, ours, unavailable
+from weightbridge.testing._internal.cluster import Cluster, Link, ours, require
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
-if unavailable():
-    pytest.skip(f"no cluster of network namespaces here: {unavailable()}", allow_module_level=True)
+require()  # skips without root, ip or tc (fails instead under WEIGHTBRIDGE_REQUIRE_NETNS=1)
 
 TIMEOUT_S = 4.0
 PORT = 29400
@@ -62,16 +61,16 @@ def run_faults(tmp: Path, mode: str) -> tuple[list, list, float]:
         runner = threading.Thread(target=lambda: results.extend(c.launch(W.main, placed, timeout_s=150)))
         runner.start()
         try:
-            assert _wait(tmp / "pushed-0-1", 60), "push 1 never ended"
+            assert W.wait_file(tmp / "pushed-0-1", 60), "push 1 never ended"
             c.set_rate(2, 0.1)  # push 2 on a link at a tenth of its rate
             (tmp / "go-2").write_text("1")
-            assert _wait(tmp / "pushed-0-2", 60) and _wait(tmp / "pushed-1-2", 60)
+            assert W.wait_file(tmp / "pushed-0-2", 60) and W.wait_file(tmp / "pushed-1-2", 60)
             c.set_rate(2, 1.0)
-            assert _wait(tmp / "cut-request", 60), "push 3 never reached its first round"
+            assert W.wait_file(tmp / "cut-request", 60), "push 3 never reached its first round"
             c.cut(2)
             cut_at = time.time()
             (tmp / "cut-done").write_text("1")
-            assert _wait(tmp / "pushed-0-3", 60) and _wait(tmp / "pushed-1-3", 60)
+            assert W.wait_file(tmp / "pushed-0-3", 60) and W.wait_file(tmp / "pushed-1-3", 60)
             c.restore(2)
             (tmp / "go-4").write_text("1")
         finally:
@@ -82,15 +81,6 @@ def run_faults(tmp: Path, mode: str) -> tuple[list, list, float]:
         assert x.ok, (x.error, x.traceback, x.timed_out, x.exitcode)
     values = [x.value for x in results]
     return values[:2], values[2:], cut_at
-
-
-def _wait(path: Path, limit_s: float) -> bool:
-    deadline = time.monotonic() + limit_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -96,6 +96,20 @@ def _run(*argv: str, check: bool = True, timeout: float = CMD_TIMEOUT_S) -> subp
 
 
 _UNAVAILABLE: list[str | None] = []
+REQUIRE_ENV = "WEIGHTBRIDGE_REQUIRE_NETNS"  # "1": a test that needs a cluster fails instead of skipping (CI, as root)
+
+
+def require() -> None:
+    """For a test module that needs a cluster: skip it (with the reason) when clusters cannot be built
+    here, or fail under ``$WEIGHTBRIDGE_REQUIRE_NETNS=1`` (CI runs as root: a skip there hides a break)."""
+    import pytest
+
+    reason = unavailable()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but no cluster of network namespaces here: {reason}", pytrace=False)
+    pytest.skip(f"no cluster of network namespaces here: {reason}", allow_module_level=True)
 
 
 def unavailable() -> str | None:
