@@ -59,6 +59,11 @@ LAYOUTS = {
         "trainer": "{preset: megatron, mesh: {tp: 2, pp: 2}}", "rollout": "{preset: vllm, instances: 4, mesh: {tp: 1}}",
         "hosts": [(1, 1), (1, 1), (1, 1), (1, 1)],
     },
+    "megatron-tp2pp2->tp1x4-shared2": {
+        "title": "Megatron TP2 PP2 -> 4 x TP1, both sides on hosts 0-1 (a pipeline stage each)", "model": "dense",
+        "trainer": "{preset: megatron, mesh: {tp: 2, pp: 2}}", "rollout": "{preset: vllm, instances: 4, mesh: {tp: 1}}",
+        "hosts": [(2, 2), (2, 2), (0, 0), (0, 0)],
+    },
     "megatron-ep4->tp2ep2x4": {
         "title": "MoE: Megatron EP4 (dense dp 4; hosts 0-1) -> vLLM-style TP2 EP2 x 4 (hosts 2-3)", "model": "moe",
         "trainer": "{preset: megatron, mesh: {tp: 1, dp: 4, ep: 4, etp: 1}}",
