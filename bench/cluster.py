@@ -42,7 +42,7 @@ from weightbridge.plan.cost import price
 from weightbridge.spec.resolve import check_text
 from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
 from weightbridge.testing._internal.bench_models import qwen2_config, qwen3_moe_config
-from weightbridge.testing._internal.cluster import Cluster, Counters, Link, read_counters, unavailable
+from weightbridge.testing._internal.cluster import Cluster, Link, read_counters, unavailable
 from weightbridge.testing._internal.gather_broadcast import GatherBroadcast
 from weightbridge.transport import Executor, create_bridge_group, open_store
 
@@ -91,16 +91,6 @@ rollout: {lay['rollout']}
 sync: {{round_bytes: {round_mib}MiB}}
 network: {{preset: cpu-gloo, nic_gbit_per_s: 1, nics_per_node: 1, hosts: [{hosts}]}}
 """
-
-
-def host_of(side: str, rank: int, hosts: list[tuple[int, int]]) -> int:
-    i = 0 if side == "trainer" else 1
-    n = 0
-    for h, counts in enumerate(hosts):
-        n += counts[i]
-        if rank < n:
-            return h
-    raise ValueError(f"{side} rank {rank} is on no host")
 
 
 def planned_link_bytes(plan, net, nhosts: int) -> list[list[int]]:
@@ -181,9 +171,9 @@ def run_layout(cluster: Cluster, key: str, lay: dict, args, tmp: Path) -> dict:
     placed, leaders = [], set()
     for side, n in (("trainer", S), ("rollout", R)):
         for rank in range(n):
-            h = host_of(side, rank, hosts)
+            h = net.node_of(side, rank)[1]  # ("host", h): the spec's network.hosts is the placement
             cfg = {"spec": text, "plan_hash": plan.plan_hash, "side": side, "rank": rank, "timeout_s": args.timeout,
-                   "store": cluster.address(host_of("trainer", 0, hosts)), "iters": args.iters,
+                   "store": cluster.address(net.node_of("trainer", 0)[1]), "iters": args.iters,
                    "gb_iters": args.gb_iters, "leader": h not in leaders, "host": h}
             leaders.add(h)
             placed.append((h, (cfg,)))

@@ -12,7 +12,8 @@ Topology; every namespace, link and address lives inside namespaces this run cre
 down`` inside the host. A rank "on host i" is a process that entered the host's namespace
 (``setns``) before it opened any socket, with ``GLOO_SOCKET_IFNAME=wbc0``: its Gloo and store
 connections to other hosts cross both shaped links, those to ranks of its own host stay on loopback.
-Latency and loss (this kernel has no netem) come from :mod:`.cluster_relay` when a host asks for them.
+Links have a rate, not latency or loss (this kernel has no ``netem``); latency to the control store
+comes from :mod:`.delay_proxy` (``bench/control_rtt.py``).
 
 Who calls what: the test or bench process builds a :class:`Cluster` (``with Cluster(...) as c``),
 starts ranks with :meth:`Cluster.launch` (``weightbridge.testing.localrun.launch`` underneath:
@@ -55,11 +56,9 @@ QUEUE_MS = 20.0  # a link's queue (tbf ``latency``): shallow, as a switch port's
 
 @dataclass(frozen=True)
 class Link:
-    """One host's link: ``gbit`` each way, plus (through the relay) one-way ``delay_ms`` and ``loss``."""
+    """One host's link: ``gbit`` each way."""
 
     gbit: float = 1.0
-    delay_ms: float = 0.0
-    loss: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -197,7 +196,6 @@ class Cluster:
         self.timeout_s = timeout_s
         self._made: list[str] = []
         self._procs: list[subprocess.Popen] = []
-        self._relays: list[Any] = []
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self._lock = threading.Lock()
         self._down = False
@@ -238,14 +236,8 @@ class Cluster:
             ns = self.netns(h)
             self._add_ns(ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            if link.delay_ms or link.loss:
-                from weightbridge.testing._internal.cluster_relay import Relay
-
-                relay = Relay(ns, IFNAME, self.switch, f"h{h}", MTU, delay_ms=link.delay_ms, loss=link.loss)
-                self._relays.append(relay)
-            else:
-                _run("ip", "link", "add", IFNAME, "netns", ns, "mtu", str(MTU), "type", "veth",
-                     "peer", "name", f"h{h}", "netns", self.switch, "mtu", str(MTU))
+            _run("ip", "link", "add", IFNAME, "netns", ns, "mtu", str(MTU), "type", "veth",
+                 "peer", "name", f"h{h}", "netns", self.switch, "mtu", str(MTU))
             for where, dev in ((ns, IFNAME), (self.switch, f"h{h}")):
                 _run("ip", "-n", where, "link", "set", dev, "addrgenmode", "none")  # no IPv6 chatter on the link
             _run("ip", "-n", self.switch, "link", "set", f"h{h}", "master", "br0")
@@ -259,7 +251,7 @@ class Cluster:
         self._made.append(ns)
 
     def down(self) -> None:
-        """Kill every process in the namespaces, stop relays, delete the namespaces (bounded: ~30 s at most)."""
+        """Kill every process in the namespaces and delete the namespaces (bounded: ~5 s per namespace at most)."""
         with self._lock:
             if self._down:
                 return
@@ -267,8 +259,6 @@ class Cluster:
         try:
             for p in self._procs:
                 _kill(p)
-            for relay in self._relays:
-                relay.stop()
             for ns in reversed(self._made):
                 remove_netns(ns)
         finally:
