@@ -101,6 +101,7 @@ def pre_announce_calls(monkeypatch, mode: str, instances: int) -> int:
     return min(seen[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_trainer_zero_reads_the_same_store_calls_for_two_or_six_instances(monkeypatch, mode):
     few = pre_announce_calls(monkeypatch, mode, 2)
