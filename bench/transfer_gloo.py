@@ -38,36 +38,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from weightbridge.layout.box import box_shape
 from weightbridge.plan import build_plan, network_model
 from weightbridge.plan.cost import price
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import Executor, create_bridge_group, open_store
-from weightbridge.tensors import (
-    canonical_tensors,
-    diff_tensors,
-    empty_like_layout,
-    materialize,
-    needed_names,
-    read_canonical,
-    torch_dtype,
-    write_canonical,
-)
+from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
+from weightbridge.testing._internal.bench_models import qwen2_config
+from weightbridge.testing._internal.gather_broadcast import GatherBroadcast
 from weightbridge.testing.localrun import launch
 
 FILL = 3.0
-
-
-def qwen2_config(hidden: int, layers: int, vocab: int, inter: int, heads: int, kv_heads: int) -> dict:
-    return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
-        "hidden_size": hidden, "intermediate_size": inter, "num_attention_heads": heads,
-        "num_hidden_layers": layers, "num_key_value_heads": kv_heads, "vocab_size": vocab,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
-        "use_sliding_window": False, "sliding_window": None, "max_window_layers": layers,
-        "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.02,
-    }
 
 
 def spec_text(config_path: str, args: argparse.Namespace) -> str:
@@ -190,83 +170,12 @@ def worker(cfg: dict) -> dict:
         ex.release_buffers()
 
     # (b) gather-then-broadcast.
-    tlayouts = r.trainer.ranks
-    by_name_t = [{} for _ in tlayouts]  # per trainer rank: canonical -> [(local tensor, piece)]
-    for t, lay in enumerate(tlayouts):
-        for lt, p in lay.pieces():
-            by_name_t[t].setdefault(p.canonical, []).append((lt.name, p))
-    my_pieces: dict = {}
-    for lt, p in layout.pieces():
-        my_pieces.setdefault(p.canonical, []).append((lt.name, p))
-    tdtype = torch_dtype(tlayouts[0].tensors[0].dtype)
-
-    def gather_broadcast() -> int:
-        moved = 0
-        for ct in r.canonical:
-            numel = [sum(box_numel_(p.canonical_box) for _, p in by_name_t[t].get(ct.name, [])) for t in range(S)]
-            full_on_0 = numel[0] == _numel(ct.shape) and len({p.canonical_box for _, p in by_name_t[0][ct.name]}) == len(by_name_t[0][ct.name])
-            full = None
-            if side == "trainer":
-                if full_on_0:
-                    if rank == 0:
-                        full = torch.empty(ct.shape, dtype=tdtype)
-                        for tname, p in by_name_t[0][ct.name]:
-                            full[_sl(p.canonical_box)] = read_canonical(local[tname], p.local_box, p.transpose, box_shape(p.canonical_box))
-                else:
-                    mine = [read_canonical(local[tname], p.local_box, p.transpose, box_shape(p.canonical_box)).reshape(-1)
-                            for tname, p in by_name_t[rank].get(ct.name, [])]
-                    flat = torch.cat(mine) if mine else torch.empty(0, dtype=tdtype)
-                    pad = max(numel)
-                    send = torch.zeros(pad, dtype=tdtype)
-                    send[: flat.numel()] = flat
-                    outs = [torch.empty(pad, dtype=tdtype) for _ in range(S)]
-                    tgroup.allgather([outs], [send]).wait()
-                    moved += (S - 1) * pad * send.element_size()
-                    if rank == 0:
-                        full = torch.empty(ct.shape, dtype=tdtype)
-                        for t in range(S):
-                            off = 0
-                            for _, p in by_name_t[t].get(ct.name, []):
-                                n = box_numel_(p.canonical_box)
-                                full[_sl(p.canonical_box)] = outs[t][off : off + n].view(box_shape(p.canonical_box))
-                                off += n
-            if bgroup is not None:
-                if full is None:
-                    full = torch.empty(ct.shape, dtype=tdtype)
-                _bcast(bgroup, full)
-                if side == "rollout":
-                    moved += full.numel() * full.element_size()
-                    for tname, p in my_pieces.get(ct.name, []):
-                        write_canonical(local[tname], p.local_box, p.transpose, full[_sl(p.canonical_box)])
-        return moved
-
+    gather_broadcast = GatherBroadcast(r, side, rank, local, tgroup, bgroup).run
     timed("gather_broadcast", gather_broadcast)
 
     _barrier(pg)
     group.close()
     return out
-
-
-def _bcast(pg, t: torch.Tensor) -> None:
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    opts.rootTensor = 0
-    pg.broadcast([t], opts).wait()
-
-
-def _sl(box):
-    return tuple(slice(a, b) for a, b in box)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def box_numel_(box) -> int:
-    return _numel(box_shape(box))
 
 
 def main(argv: list[str] | None = None) -> int:

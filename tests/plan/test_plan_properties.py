@@ -10,84 +10,16 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plan_helpers import shard_box
+from plan_helpers import layout_pairs, local_for, shard_box
 
 from weightbridge.layout.box import box_numel
-from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout, dtype_bytes
+from weightbridge.layout.ir import RankLayout, SideLayout, dtype_bytes
 from weightbridge.plan import build_plan, validate_plan
 from weightbridge.plan.geometry import num_rows, row_axis
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("WB_HYPO", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-
-
-def _local_for(name: str, cbox, dtype: str, how: int, suffix: str = "") -> LocalTensor:
-    """0: same shape; 1: flattened 1-D view; 2: transposed (2-D only); 3: inside a padded bigger tensor."""
-    shape = tuple(b - a for a, b in cbox)
-    n = box_numel(cbox)
-    if how == 1:
-        return LocalTensor(name + suffix, (n,), dtype, (Piece(name, cbox, ((0, n),)),))
-    if how == 2 and len(shape) == 2:
-        ls = (shape[1], shape[0])
-        return LocalTensor(name + suffix, ls, dtype, (Piece(name, cbox, ((0, ls[0]), (0, ls[1])), True),))
-    if how == 3:
-        ls = (shape[0] + 2, *shape[1:])
-        lbox = ((1, shape[0] + 1), *((0, s) for s in shape[1:]))
-        return LocalTensor(name + suffix, ls, dtype, (Piece(name, cbox, lbox),))
-    return LocalTensor(name + suffix, shape, dtype, (Piece(name, cbox, tuple((0, s) for s in shape)),))
-
-
-@st.composite
-def layout_pairs(draw):
-    ntensors = draw(st.integers(1, 3))
-    tensors = []
-    for t in range(ntensors):
-        ndim = draw(st.integers(1, 3))
-        shape = tuple(draw(st.lists(st.integers(1, 9), min_size=ndim, max_size=ndim)))
-        tensors.append((f"t{t}", shape))
-    S = draw(st.integers(1, 5))
-    trainer_t: list[list[LocalTensor]] = [[] for _ in range(S)]
-    tdt = draw(st.sampled_from(["float32", "bfloat16"]))
-    for name, shape in tensors:
-        dim = draw(st.sampled_from([None, *range(len(shape))]))
-        k = draw(st.integers(1, 3)) if dim is not None else 1
-        reps = draw(st.integers(1, 3))
-        how = draw(st.integers(0, 3))
-        for j in range(reps):
-            for i in range(k):
-                box = shard_box(shape, dim, k, i)
-                if box_numel(box) == 0:
-                    continue
-                rank = (j * k + i) % S
-                trainer_t[rank].append(_local_for(name, box, tdt, how, suffix=f".{j}.{i}"))
-    trainer = SideLayout("trainer", tuple(RankLayout("trainer", r, tuple(ts)) for r, ts in enumerate(trainer_t)))
-    ninst = draw(st.integers(1, 3))
-    L = draw(st.integers(1, 3))
-    same = draw(st.booleans())
-    ranks = []
-    rdt = draw(st.sampled_from(["float32", "bfloat16"]))
-    plans = []
-    for name, shape in tensors:
-        plans.append((draw(st.sampled_from([None, *range(len(shape))])), draw(st.integers(0, 3)),
-                      draw(st.booleans())))
-    for inst in range(ninst):
-        if not same and inst > 0:
-            plans = [(draw(st.sampled_from([None, *range(len(shape))])), h, tw) for (_, shape), (_, h, tw) in
-                     zip(tensors, plans)]
-        for lr in range(L):
-            ts = []
-            for (name, shape), (dim, how, twice) in zip(tensors, plans):
-                box = shard_box(shape, dim, L, lr)
-                if box_numel(box) == 0:
-                    continue
-                ts.append(_local_for(name, box, rdt, how))
-                if twice and lr == 0:
-                    ts.append(_local_for(name, box, rdt, 0, suffix=".copy"))  # held twice (tied)
-            ranks.append(RankLayout("rollout", inst * L + lr, tuple(ts), instance=inst, local_rank=lr))
-    rollout = SideLayout("rollout", tuple(ranks), num_instances=ninst)
-    cap = draw(st.sampled_from([16, 64, 256, 1 << 20]))
-    return trainer, rollout, cap
 
 
 @SETTINGS
@@ -117,10 +49,10 @@ def test_exact_cover_with_receiver_dedup(pair):
 )
 def test_identical_replicas_each_send_within_one_row_of_one_rth(shape, r, receivers, rdim):
     tr = SideLayout("trainer", tuple(
-        RankLayout("trainer", j, (_local_for("W", tuple((0, s) for s in shape), "bfloat16", 0),)) for j in range(r)))
+        RankLayout("trainer", j, (local_for("W", tuple((0, s) for s in shape), "bfloat16", 0),)) for j in range(r)))
     dim = rdim if rdim < len(shape) else None
     ro = SideLayout("rollout", tuple(
-        RankLayout("rollout", i, (_local_for("W", shard_box(shape, dim, receivers, i), "bfloat16", 0),), local_rank=i)
+        RankLayout("rollout", i, (local_for("W", shard_box(shape, dim, receivers, i), "bfloat16", 0),), local_rank=i)
         for i in range(receivers) if box_numel(shard_box(shape, dim, receivers, i))))
     plan = build_plan(tr, ro, round_bytes=1 << 20, receiver_dedup="off")
     assert validate_plan(plan, tr, ro) == []

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from plan_helpers import shard_box
-from test_plan_properties import SETTINGS, _local_for, layout_pairs
+from plan_helpers import layout_pairs, local_for, shard_box
+from test_plan_properties import SETTINGS
 
 from weightbridge.layout.box import box_numel
 from weightbridge.layout.ir import RankLayout, SideLayout
@@ -53,7 +53,7 @@ def replicated_pairs(draw):
         for t, (shape, dim) in enumerate(zip(shapes, tdims)):
             box = shard_box(shape, dim, n, p) if dim is not None else shard_box(shape, None, 1, 0)
             if box_numel(box) and (dim is not None or p == 0 or draw(st.booleans())):
-                ts.append(_local_for(f"t{t}", box, "bfloat16", draw(st.integers(0, 3)), suffix=f".{p}"))
+                ts.append(local_for(f"t{t}", box, "bfloat16", draw(st.integers(0, 3)), suffix=f".{p}"))
         one.append(tuple(ts))
     blocked = draw(st.booleans())  # rank = d * n + p, or p * k + d
     ranks = sorted(((d * n + p) if blocked else (p * k + d), one[p]) for d in range(k) for p in range(n))
@@ -62,7 +62,7 @@ def replicated_pairs(draw):
     width = draw(st.integers(1, 3))
     dims = [draw(st.sampled_from([None, *range(len(s))])) for s in shapes]
     rollout_ranks = []
-    slots = [tuple(_local_for(f"t{t}", shard_box(s, d, width, l), "bfloat16", 0)
+    slots = [tuple(local_for(f"t{t}", shard_box(s, d, width, l), "bfloat16", 0)
                    for t, (s, d) in enumerate(zip(shapes, dims)) if box_numel(shard_box(s, d, width, l)))
              for l in range(width)]
     for i in range(inst):
@@ -91,9 +91,9 @@ def test_replica_groups_plan_exactly_and_every_rank_plan_is_its_slice(case):
 def test_replica_groups_split_senders_and_instances_evenly():
     """4 replicas of 2 ranks, 6 instances: gcd 2 groups; each rollout rank hears only from its group."""
     shape = (8, 4)
-    one = [(_local_for("W", shard_box(shape, 0, 2, p), "bfloat16", 0),) for p in range(2)]
+    one = [(local_for("W", shard_box(shape, 0, 2, p), "bfloat16", 0),) for p in range(2)]
     trainer = SideLayout("trainer", tuple(RankLayout("trainer", d * 2 + p, one[p]) for d in range(4) for p in range(2)))
-    rollout = SideLayout("rollout", tuple(RankLayout("rollout", i, (_local_for("W", ((0, 8), (0, 4)), "bfloat16", 0),),
+    rollout = SideLayout("rollout", tuple(RankLayout("rollout", i, (local_for("W", ((0, 8), (0, 4)), "bfloat16", 0),),
                                                      instance=i) for i in range(6)), num_instances=6)
     d = decompose(trainer, rollout)
     assert d is not None and d.groups == 2
@@ -111,17 +111,17 @@ def test_replica_groups_split_senders_and_instances_evenly():
 
 
 def test_no_replica_groups_when_replicas_and_instances_share_no_factor():
-    one = (_local_for("W", ((0, 4),), "float32", 0),)
+    one = (local_for("W", ((0, 4),), "float32", 0),)
     trainer = SideLayout("trainer", tuple(RankLayout("trainer", r, one) for r in range(3)))
     rollout = SideLayout("rollout", tuple(RankLayout("rollout", i, one, instance=i) for i in range(2)), num_instances=2)
     assert decompose(trainer, rollout) is None
     uneven = SideLayout("trainer", (RankLayout("trainer", 0, one), RankLayout("trainer", 1, one),
-                                    RankLayout("trainer", 2, (_local_for("V", ((0, 4),), "float32", 0),))))
+                                    RankLayout("trainer", 2, (local_for("V", ((0, 4),), "float32", 0),))))
     assert decompose(uneven, rollout) is None  # classes of 2 and 1 ranks
 
 
 def test_inputs_hash_covers_layouts_arguments_and_network_not_object_sharing():
-    one = (_local_for("W", ((0, 4), (0, 2)), "float32", 0),)
+    one = (local_for("W", ((0, 4), (0, 2)), "float32", 0),)
     tr = SideLayout("trainer", (RankLayout("trainer", 0, one), RankLayout("trainer", 1, one)))
     tr_copy = SideLayout("trainer", (RankLayout("trainer", 0, tuple(one)), RankLayout("trainer", 1, (one[0]._replace(),))))
     ro = SideLayout("rollout", (RankLayout("rollout", 0, one),))
@@ -130,7 +130,7 @@ def test_inputs_hash_covers_layouts_arguments_and_network_not_object_sharing():
     assert plan_inputs_hash(tr, ro, 2048, PRESETS["h100"], "auto") != h
     assert plan_inputs_hash(tr, ro, 1024, PRESETS["h200"], "auto") != h
     assert plan_inputs_hash(tr, ro, 1024, PRESETS["h100"], "off") != h
-    other = (_local_for("W", ((0, 4), (0, 2)), "bfloat16", 0),)
+    other = (local_for("W", ((0, 4), (0, 2)), "bfloat16", 0),)
     assert plan_inputs_hash(SideLayout("trainer", (RankLayout("trainer", 0, one), RankLayout("trainer", 1, other))),
                             ro, 1024, PRESETS["h100"], "auto") != h
 
@@ -138,7 +138,7 @@ def test_inputs_hash_covers_layouts_arguments_and_network_not_object_sharing():
 def test_receiver_dedup_plans_the_update_whole_each_unit_crosses_once():
     """Replica groups would send every unit once per group; with receiver de-replication (forced, or
     chosen by auto on the whole update) the update is planned whole and each unit leaves the trainers once."""
-    one = (_local_for("W", ((0, 8192), (0, 4096)), "bfloat16", 0),)  # 64 MiB: bandwidth, not latency, decides
+    one = (local_for("W", ((0, 8192), (0, 4096)), "bfloat16", 0),)  # 64 MiB: bandwidth, not latency, decides
     trainer = SideLayout("trainer", tuple(RankLayout("trainer", r, one) for r in range(2)))
     rollout = SideLayout("rollout", tuple(RankLayout("rollout", i, one, instance=i) for i in range(8)), num_instances=8)
     assert decompose(trainer, rollout) is not None
@@ -154,7 +154,7 @@ def test_receiver_dedup_plans_the_update_whole_each_unit_crosses_once():
 
 @SETTINGS
 @given(ranks=st.lists(st.integers(0, 40), min_size=0, max_size=12, unique=True),
-       preset=st.sampled_from(["h100", "cpu-gloo", "colocated", "rpn3"]), nbytes=st.sampled_from([1.0, 7.5, 4096.0]))
+       preset=st.sampled_from(["h100", "cpu-gloo", "colocated", "rpn3", "hosts"]), nbytes=st.sampled_from([1.0, 7.5, 4096.0]))
 def test_all_to_all_links_equal_every_pair_added(ranks, preset, nbytes):
     """The receiver de-replication estimate prices forwarding in O(instances), as the pairs would add."""
     import dataclasses
@@ -162,7 +162,9 @@ def test_all_to_all_links_equal_every_pair_added(ranks, preset, nbytes):
     from weightbridge.plan.cost import Links
 
     net = {"colocated": PRESETS["h100"].with_colocated(True),
-           "rpn3": dataclasses.replace(PRESETS["h100"], ranks_per_node=3)}.get(preset) or PRESETS[preset]
+           "rpn3": dataclasses.replace(PRESETS["h100"], ranks_per_node=3),
+           "hosts": dataclasses.replace(PRESETS["h100"], hosts=((0, 5), (2, 7), (0, 30)), nics_per_node=2),
+           }.get(preset) or PRESETS[preset]
     fast, pairs = Links(net), Links(net)
     fast.add_all_to_all("rollout", ranks, nbytes)
     for a in ranks:

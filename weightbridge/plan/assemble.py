@@ -28,6 +28,7 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates,
     pb: dict[tuple, int] = {}
     xl: dict[tuple, list[WireItem]] = {}
     xb: dict[tuple, int] = {}
+    xt: dict[tuple, tuple[int, ...]] = {}  # a forwarding instance's targets (fixed per template, slot, instance)
     sender = here = None  # the trainer rank kept; the (template, slot, instance) of the rollout rank kept
     if only is not None:
         side, rank = only
@@ -47,11 +48,12 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates,
             lst, acc = pl, pb
         _add(lst, acc, key, items, b)
     if sender is None:  # a trainer rank takes no part in forwards
-        for (s, w, g, l, i, b, items, _), rho in zip(packets.forwards, schedule.forward_rounds):
-            if here is not None and (g, l) != here[:2]:
+        for (s, w, g, l, i, b, items, _, targets), rho in zip(packets.forwards, schedule.forward_rounds):
+            if here is not None and ((g, l) != here[:2] or here[2] not in (i, *targets)):
                 continue
             key = (rho, s, g, l, i)
             _add(xl, xb, key, items, b)
+            xt[key] = targets
     per_round: dict[int, list[Bucket]] = {}
     new = tuple.__new__
     for key, lst in tl.items():
@@ -81,9 +83,9 @@ def assemble(packets: Packets, schedule: Schedule, templates: Templates,
         tt = tuple(lst)
         nb = xb[key]
         bl = per_round.setdefault(rho, [])
-        for m_, ranks in enumerate(templates[g].ranks):
-            if m_ != i and (here is None or here[2] in (i, m_)):
-                bl.append(Bucket(ROLLOUT, s, ranks[l], tt, nb))
+        for m_ in xt[key]:
+            if here is None or here[2] in (i, m_):
+                bl.append(Bucket(ROLLOUT, s, templates[g].ranks[m_][l], tt, nb))
     out = []
     for rho in sorted(per_round):
         bl = per_round[rho]

@@ -7,7 +7,8 @@ A pipeline of pure steps, one module each, every step's input named (see ``docs/
     instances.group_instances(rollout)                    -> Templates   identical instances once
     cover.cover_needs(templates, atoms)                   -> Cover       needs cut by atom, local copies
     decide.decide_receiver_dedup(cover, templates, net)   -> DedupDecision        (``auto`` only)
-    dereplicate.make_packets(cover, templates, dedup, round_bytes) -> Packets  units, sender split, forwards
+    relays.relay_groups(templates, net)                   -> Relays      instances by node (de-replication only)
+    dereplicate.make_packets(cover, templates, dedup, round_bytes, relays) -> Packets  units, sender split, forwards
     rounds.pack(packets, templates, round_bytes)          -> Schedule    the round of every packet
     assemble.assemble(packets, schedule, templates)       -> tuple[Round, ...]   (only=(side, rank): a slice)
     TransferPlan(rounds, cover.copies, ...)                              hashed from its content
@@ -30,6 +31,7 @@ from weightbridge.plan.errors import PlanError
 from weightbridge.plan.hashing import plan_inputs_hash
 from weightbridge.plan.instances import Templates, group_instances, locate_rank
 from weightbridge.plan.network import PRESETS, NetworkModel
+from weightbridge.plan.relays import relay_groups
 from weightbridge.plan.replicas import Decomposition, decompose, rename_copies, rename_rounds
 from weightbridge.plan.rounds import Schedule, pack
 from weightbridge.plan.sources import index_sources
@@ -80,7 +82,7 @@ class _Steps(NamedTuple):
     def wire_bytes(self) -> int:
         sizes = [len(t.ranks) for t in self.templates]
         return (sum(b * (sizes[g] if i < 0 else 1) for _, _, g, _, i, b, _ in self.packets.updates)
-                + sum(b * (sizes[g] - 1) for _, _, g, _, _, b, _, _ in self.packets.forwards))
+                + sum(b * len(targets) for _, _, g, _, _, b, _, _, targets in self.packets.forwards))
 
 
 def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
@@ -117,7 +119,11 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
         notes.append(decision.note)
         if decision.use:
             dedup = [len(t.ranks) > 1 for t in templates]
-    packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot)
+    relays = relay_groups(templates, net) if any(dedup) else None
+    # NIC balance over the real ranks' NICs (a replica group's sub-problem has renumbered ranks: per rank)
+    nic_of = None if whole is not None or net.nics_per_node is None else (lambda s: net.nic_of(TRAINER, s))
+    packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot, relays=relays,
+                           nic_of=nic_of)
     return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
 
 

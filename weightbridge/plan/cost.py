@@ -2,12 +2,14 @@
 
 Formulas (documented with their assumptions in ``docs/planner.md``):
 
-* A GPU has one NIC (``nic_bytes_per_s`` each way) and one intra-node link
-  (``intra_node_bytes_per_s`` each way). A transfer between GPUs on the same node uses the
-  intra-node link of both, otherwise both NICs. Colocated: trainer rank i and rollout rank i
-  are GPU i; a transfer within one GPU is priced like intra-node. Shared nodes: the two sides
-  have GPUs of their own on the same nodes (node ``rank // ranks_per_node`` on both sides);
-  otherwise the sides are on disjoint nodes and every trainer -> rollout transfer crosses NICs.
+* A GPU has one NIC (``nic_bytes_per_s`` each way; with ``nics_per_node`` the GPUs of a node
+  share that many) and one intra-node link (``intra_node_bytes_per_s`` each way). A transfer
+  between GPUs on the same node uses the intra-node link of both, otherwise both NICs.
+  Colocated: trainer rank i and rollout rank i are GPU i; a transfer within one GPU is priced
+  like intra-node. Shared nodes: the two sides have GPUs of their own on the same nodes (node
+  ``rank // ranks_per_node`` on both sides); otherwise the sides are on disjoint nodes and every
+  trainer -> rollout transfer crosses NICs. ``hosts`` places every rank explicitly
+  (:meth:`NetworkModel.node_of`, the one placement function).
 * ``time(round) = max over GPUs, directions, links of bytes / bandwidth (and, with
   node_bytes_per_s, over nodes of their intra-node bytes / node_bytes_per_s)
   + message_latency_s * max over GPUs of buckets sent or received``.
@@ -27,7 +29,7 @@ Formulas (documented with their assumptions in ``docs/planner.md``):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weightbridge.layout.box import box_numel
@@ -36,25 +38,12 @@ from weightbridge.plan.instances import group_instances
 from weightbridge.plan.network import NetworkModel
 from weightbridge.plan.types import ROLLOUT, TRAINER, TransferPlan
 
-Flow = tuple[str, int, str, int, int]  # (src_side, src_rank, dst_side, dst_rank, bytes)
-
-
-def gpu(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
-    return ("gpu", rank) if net.colocated else (side, rank)
-
-
-def node(side: str, rank: int, net: NetworkModel) -> tuple[str, int]:
-    if net.colocated or net.shared_nodes:
-        return ("node", rank // net.ranks_per_node)
-    return (side, rank // net.ranks_per_node)
-
-
 class Links:
-    """Per-GPU bytes on (NIC out, NIC in, intra-node out, intra-node in), per-node intra-node
-    bytes (for ``node_bytes_per_s``) and message counts.
+    """Bytes per NIC (out, in), per GPU on the intra-node link (out, in), per node intra-node
+    bytes (for ``node_bytes_per_s``) and message counts per GPU.
 
-    The one implementation of the link model: :func:`flows_seconds` (the receiver
-    de-replication estimate) and :func:`price` (a plan, round by round) both add to it.
+    The one implementation of the link model: the receiver de-replication estimate
+    (:mod:`weightbridge.plan.decide`) and :func:`price` (a plan, round by round) both add to it.
     """
 
     def __init__(self, net: NetworkModel, placement: dict | None = None):
@@ -65,24 +54,25 @@ class Links:
         self.nv_in: dict = {}
         self.msgs: dict = {}
         self.node_tot: dict = {}  # node -> intra-node bytes (net.node_bytes_per_s)
-        self.placement: dict = {} if placement is None else placement  # (side, rank) -> (gpu, node), cached
+        self.placement: dict = {} if placement is None else placement  # (side, rank) -> (gpu, node, nic), cached
 
     def _at(self, side: str, rank: int) -> tuple:
         w = self.placement.get((side, rank))
         if w is None:
-            w = self.placement[(side, rank)] = (gpu(side, rank, self.net), node(side, rank, self.net))
+            net = self.net
+            w = self.placement[(side, rank)] = (net.gpu_of(side, rank), net.node_of(side, rank), net.nic_of(side, rank))
         return w
 
     def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: float, messages: int = 1) -> None:
-        gs, ns = self._at(src_side, s)
-        gr, nr = self._at(dst_side, r)
+        gs, ns, cs = self._at(src_side, s)
+        gr, nr, cr = self._at(dst_side, r)
         if ns == nr:
-            out, inn = self.nv_out, self.nv_in
+            self.nv_out[gs] = self.nv_out.get(gs, 0) + nbytes
+            self.nv_in[gr] = self.nv_in.get(gr, 0) + nbytes
             self.node_tot[ns] = self.node_tot.get(ns, 0) + nbytes
         else:
-            out, inn = self.nic_out, self.nic_in
-        out[gs] = out.get(gs, 0) + nbytes
-        inn[gr] = inn.get(gr, 0) + nbytes
+            self.nic_out[cs] = self.nic_out.get(cs, 0) + nbytes
+            self.nic_in[cr] = self.nic_in.get(cr, 0) + nbytes
         self.msgs[gs] = self.msgs.get(gs, 0) + messages
         self.msgs[gr] = self.msgs.get(gr, 0) + messages
 
@@ -91,12 +81,12 @@ class Links:
         in O(len(ranks)) instead of one call per ordered pair."""
         where = [self._at(side, r) for r in ranks]
         per_node: dict = {}
-        for _, n in where:
+        for _, n, _ in where:
             per_node[n] = per_node.get(n, 0) + 1
         peers = len(ranks) - 1
         if peers < 1:
             return
-        for g, n in where:
+        for g, n, c in where:
             same = per_node[n] - 1
             if same:
                 b = nbytes * same
@@ -105,8 +95,8 @@ class Links:
                 self.node_tot[n] = self.node_tot.get(n, 0) + b
             if peers - same:
                 b = nbytes * (peers - same)
-                self.nic_out[g] = self.nic_out.get(g, 0) + b
-                self.nic_in[g] = self.nic_in.get(g, 0) + b
+                self.nic_out[c] = self.nic_out.get(c, 0) + b
+                self.nic_in[c] = self.nic_in.get(c, 0) + b
             self.msgs[g] = self.msgs.get(g, 0) + 2 * peers
 
     def add_bytes_of(self, other: Links) -> None:
@@ -127,14 +117,6 @@ class Links:
     def latency_seconds(self) -> float:
         """Message latency times the most messages any GPU sends or receives."""
         return max([0, *self.msgs.values()]) * self.net.message_latency_s
-
-
-def flows_seconds(flows: Iterable[Flow], net: NetworkModel) -> float:
-    """Lower-bound seconds of a set of flows moved at once (no latency)."""
-    links = Links(net)
-    for f in flows:
-        links.add(*f)
-    return links.wire_seconds()
 
 
 # Wire constants of sync.delta (weightbridge.transport.delta, which imports torch; equal: tested).
@@ -267,11 +249,11 @@ def baseline(trainer: SideLayout, rollout: SideLayout, net: NetworkModel) -> Bas
         stage_bytes = sum(nbytes(n) for n in names if n in esize)
         lead_has = sum(min(v, 1 << 62) * esize[n] for n, v in held.get(st, {}).items() if n in esize)
         rs = ranks_by_stage[st]
-        one_node = len({node(TRAINER, r, net) for r in rs}) == 1
+        one_node = len({net.node_of(TRAINER, r) for r in rs}) == 1
         bw = net.intra_node_bytes_per_s if one_node else net.nic_bytes_per_s
         gather = max(gather, max(0, stage_bytes - lead_has) / bw)
-    one_node_all = (net.colocated or net.shared_nodes) and len(
-        {node(ROLLOUT, r.rank, net) for r in rollout.ranks} | {node(TRAINER, r, net) for r in leader.values()}) == 1
+    one_node_all = len(
+        {net.node_of(ROLLOUT, r.rank) for r in rollout.ranks} | {net.node_of(TRAINER, r) for r in leader.values()}) == 1
     bw = net.intra_node_bytes_per_s if one_node_all else net.nic_bytes_per_s
     ntensors = sum(1 for n in extent if n in esize)
     broadcast = model_bytes / bw + ntensors * net.message_latency_s

@@ -5,21 +5,25 @@ outermost axis with extent > 1, then inner axes for rows larger than that), so n
 forces an oversized round and packing has room to balance.
 
 **Sender de-replication.** Per atom, all (unit, instance) needs form one byte stream. Its ``k``
-holders split it into ``k`` consecutive segments of near-equal bytes, cut at the nearest row
-boundary; holders are taken in order of least bytes assigned so far. A unit needed by a whole
-template goes out as one packet to all its instances (``instance == ALL_INSTANCES``).
+holders split it into consecutive segments cut at the nearest row boundary: first evenly over
+the NICs the holders use (``nic_of``; NICs taken in order of least bytes assigned so far), then
+evenly over a NIC's holders (in order of least bytes): bytes are balanced over NICs, not only
+over ranks. With a NIC per rank (the default) that is ``k`` near-equal segments. A unit needed
+by a whole template goes out as one packet to all its instances (``instance == ALL_INSTANCES``).
 
 **Receiver de-replication** (per template, ``dedup[g]``). Each unit crosses from the trainers
-once, to the instance that has received least of that slot so far; a :class:`ForwardPacket`
-sends it on from there to the template's other instances.
+once into each relay group of its slot (:mod:`.relays`: the instances on one node), to the
+group's instance that has received least of that slot so far; a :class:`ForwardPacket` sends it
+on from there to the rest of its group.
 
-Input: :class:`Cover`, :data:`Templates`, the per-template de-replication flags and
-``round_bytes``. Output: :class:`Packets`.
+Input: :class:`Cover`, :data:`Templates`, the per-template de-replication flags, ``round_bytes``
+and the relay groups. Output: :class:`Packets`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from weightbridge.layout.box import Box, box_numel
@@ -27,6 +31,7 @@ from weightbridge.layout.ir import DTYPE_BYTES, LocalTensor, Piece, dtype_bytes
 from weightbridge.plan.cover import Cover
 from weightbridge.plan.geometry import make_items, num_rows, rows, split_box
 from weightbridge.plan.instances import Templates
+from weightbridge.plan.relays import Relays, group_of, one_group
 from weightbridge.plan.sources import Holder
 from weightbridge.plan.types import WireItem
 
@@ -50,16 +55,17 @@ class UpdatePacket(NamedTuple):
 
 
 class ForwardPacket(NamedTuple):
-    """Rollout ``sender`` (slot ``slot`` of instance ``instance``) forwards ``items`` to the template's other instances."""
+    """Rollout ``sender`` (slot ``slot`` of instance ``instance``) forwards ``items`` to the rest of its relay group."""
 
     sender: int  # rollout rank
-    load: int  # bytes the sender sends: nbytes * (instances - 1)
+    load: int  # bytes the sender sends: nbytes * len(targets)
     template: int
     slot: int
     instance: int  # the forwarding instance (index into the template's instances)
     nbytes: int  # bytes each receiver gets
     items: tuple[WireItem, ...]
     after: Sequence[int]  # indices of the update packets whose data this forwards
+    targets: tuple[int, ...]  # the instances it forwards to (its relay group but itself)
 
 
 class Packets(NamedTuple):
@@ -82,12 +88,18 @@ class _Unit(NamedTuple):
 
 
 def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int,
-                 sender: int | None = None, slot: tuple[int, int] | None = None) -> Packets:
+                 sender: int | None = None, slot: tuple[int, int] | None = None,
+                 relays: Relays | None = None, nic_of: Callable[[int], Hashable] | None = None) -> Packets:
     """Update packets in canonical order, and forward packets where ``dedup[template]``.
 
     ``sender`` (a trainer rank) or ``slot`` (``(template, slot)`` of a rollout rank) leave the
     items of every other packet empty: packing needs only sizes, and one rank's slice of the plan
-    only its own packets' items (:func:`weightbridge.plan.build.build_rank_plan`)."""
+    only its own packets' items (:func:`weightbridge.plan.build.build_rank_plan`). ``relays``:
+    the relay groups of receiver de-replication (None: every instance in one group); ``nic_of``:
+    a trainer rank's NIC (None: a NIC per rank)."""
+    if relays is None:
+        relays = one_group(templates)
+    nics = _Nics(nic_of)
     out: list[UpdatePacket] = []
     xout: list[ForwardPacket] = []
     load: dict[int, int] = {}  # bytes per sender so far
@@ -137,7 +149,7 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                     else:
                         out.extend(new(UpdatePacket, (s, b, g, l, i, b, items)) for i in range(ninst))
                     tot += ninst * b
-            load[s] = load.get(s, 0) + tot
+            nics.charge(load, s, tot)
             forced[s] = forced.get(s, 0) + tot
             continue
         units: list[_Unit] = []
@@ -148,13 +160,14 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
             dd = dedup[g] and ninst > 1
             for u in split_box(cbox, max(1, unit_cap // (es * ninst))):
                 b = box_numel(u) * es
-                if dd:  # the unit crosses once, to the instance that has received least so far
+                if dd:  # into each relay group once, to its instance that has received least so far
                     sl = slot_load.get((g, l))
                     if sl is None:
                         sl = slot_load[(g, l)] = [0] * ninst
-                    i = sl.index(min(sl))
-                    sl[i] += b
-                    units.append(new(_Unit, (u, g, l, i, dt, dp, dtype, es, b, b)))
+                    for grp in relays[g][l]:
+                        i = min(grp, key=sl.__getitem__)
+                        sl[i] += b
+                        units.append(new(_Unit, (u, g, l, i, dt, dp, dtype, es, b, b)))
                 elif ninst * b <= cap:
                     units.append(new(_Unit, (u, g, l, ALL_INSTANCES, dt, dp, dtype, es, b, ninst * b)))
                 else:
@@ -172,10 +185,10 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                                            if wanted(s, g, l) else ())
                 out.append(new(UpdatePacket, (s, w, g, l, i, b, items)))
                 tot += w
-            load[s] = load.get(s, 0) + tot
+            nics.charge(load, s, tot)
             forced[s] = forced.get(s, 0) + tot
         else:
-            _split(name, holders, units, load, out, wanted)
+            _split(name, holders, units, load, out, wanted, nics)
         if anydedup:
             deps: dict[tuple[int, int, int], list[int]] = {}
             for pi in range(start, len(out)):
@@ -183,10 +196,13 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                 deps.setdefault((pk.template, pk.slot, pk.instance), []).append(pi)
             for ub, g, l, i, dt, dp, dtype, es, b, w in units:
                 if i >= 0 and dedup[g] and ninsts[g] > 1:
+                    targets = tuple(x for x in group_of(relays, g, l, i) if x != i)
+                    if not targets:
+                        continue
                     items = (tuple(make_items(name, ub, dt, dp, dt, dp, dtype, es))
                              if sender is None and (slot is None or (g, l) == slot) else ())
-                    xout.append(ForwardPacket(templates[g].ranks[i][l], (ninsts[g] - 1) * b, g, l, i, b, items,
-                                              deps.get((g, l, i), ())))
+                    xout.append(ForwardPacket(templates[g].ranks[i][l], len(targets) * b, g, l, i, b, items,
+                                              deps.get((g, l, i), ()), targets))
     return Packets(tuple(out), tuple(xout), _sender_bound(load, forced))
 
 
@@ -198,16 +214,50 @@ def _sender_bound(load: dict[int, int], forced: dict[int, int]) -> int:
     return max(even, max(forced.values(), default=0))
 
 
+class _Nics:
+    """Bytes per trainer NIC so far (``nic_of`` None: a NIC per rank, the rank's own load)."""
+
+    def __init__(self, nic_of: Callable[[int], Hashable] | None) -> None:
+        self.nic_of = nic_of
+        self.load: dict[Hashable, int] = {}
+
+    def charge(self, load: dict[int, int], s: int, nbytes: int) -> None:
+        load[s] = load.get(s, 0) + nbytes
+        if self.nic_of is not None:
+            key = self.nic_of(s)
+            self.load[key] = self.load.get(key, 0) + nbytes
+
+    def order(self, holders: tuple[Holder, ...], load: dict[int, int]) -> tuple[list[int], list[int]]:
+        """Holder indices in sending order and each one's cumulative share (numerator over the last):
+        NICs by least load, each an equal share, split equally over its holders by least load."""
+        by_rank = sorted(range(len(holders)), key=lambda j: (load.get(holders[j][0], 0), holders[j][0]))
+        if self.nic_of is None:
+            return by_rank, list(range(1, len(holders) + 1))
+        groups: dict[Hashable, list[int]] = {}
+        for j in by_rank:
+            groups.setdefault(self.nic_of(holders[j][0]), []).append(j)
+        keys = sorted(groups, key=lambda c: (self.load.get(c, 0), holders[groups[c][0]][0]))
+        size = math.lcm(*(len(groups[key]) for key in keys))  # shares: per NIC `size`, split over its holders
+        order, ends = [], []
+        for gi, key in enumerate(keys):
+            members = groups[key]
+            for hi, j in enumerate(members):
+                order.append(j)
+                ends.append(gi * size + (hi + 1) * size // len(members))
+        return order, ends
+
+
 def _split(name: str, holders: tuple[Holder, ...], units: list[_Unit], load: dict[int, int],
-           out: list[UpdatePacket], wanted: Callable[[int, int, int], bool]) -> None:
-    """Split the atom's stream among its holders: near-equal bytes, cuts on row boundaries."""
+           out: list[UpdatePacket], wanted: Callable[[int, int, int], bool], nics: _Nics) -> None:
+    """Split the atom's stream among its holders (module docstring), cuts on row boundaries."""
     k = len(holders)
-    order = sorted(range(k), key=lambda j: (load.get(holders[j][0], 0), holders[j][0]))
+    order, ends = nics.order(holders, load)
+    last = ends[-1]
     total = sum(e.load for e in units)
     cache: dict[tuple, tuple[WireItem, ...]] = {}
     new = tuple.__new__
     j = 0
-    target = total // k
+    target = total * ends[0] // last
     pos = 0
     sent = [0] * k
     for ub, g, l, i, dt, dp, dtype, es, b, w in units:
@@ -234,13 +284,12 @@ def _split(name: str, holders: tuple[Holder, ...], units: list[_Unit], load: dic
                 sent[hj] += nw
             if cut < nr:
                 j += 1
-                target = total * (j + 1) // k
+                target = total * ends[j] // last
             r0 = cut
         pos += w
     for hj in range(k):
         if sent[hj]:
-            s = holders[hj][0]
-            load[s] = load.get(s, 0) + sent[hj]
+            nics.charge(load, holders[hj][0], sent[hj])
 
 
 __all__ = ["ALL_INSTANCES", "UNIT_FRACTION", "ForwardPacket", "Packets", "UpdatePacket", "make_packets"]

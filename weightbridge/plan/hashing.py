@@ -12,7 +12,7 @@ import marshal
 from collections.abc import Sequence
 from operator import itemgetter
 
-PLANNER_VERSION = "weightbridge-plan/2"  # 2: replica groups (the plans of data-parallel trainers changed)
+PLANNER_VERSION = "weightbridge-plan/3"  # 2: replica groups; 3: relay groups per node, NIC-balanced senders
 
 _COLS = [itemgetter(c) for c in (0, 1, 2, 4)]  # Bucket: src_side, sender, receiver, nbytes
 _ITEMS = itemgetter(3)  # Bucket.items

@@ -7,13 +7,21 @@ A spec may carry an optional top-level ``network:`` section::
       preset: h100                # start from a preset (default h100) ...
       nic_gbit_per_s: 200         # ... and override fields
       ranks_per_node: 4
+    network:                      # or place every rank on a host: ranks in order, host by host
+      preset: cpu-gloo
+      nic_gbit_per_s: 1
+      nics_per_node: 1            # one NIC per host, shared by its ranks
+      hosts: [{trainer: 2, count: 2}, {rollout: 4, count: 2}]
 
 Numbers are nominal link rates; see ``docs/planner.md`` for their sources.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +42,12 @@ class NetworkModel:
     with ``shared_nodes`` the two sides have GPUs of their own on the same nodes (trainer rank ``s``
     and rollout rank ``r`` are on one node iff ``s // ranks_per_node == r // ranks_per_node``: a
     single host, or engines placed next to the trainer); otherwise the two sides are on disjoint nodes.
+
+    ``hosts`` (when set) places every rank explicitly instead: host ``h`` holds the next
+    ``hosts[h][0]`` trainer ranks and the next ``hosts[h][1]`` rollout ranks, in rank order (a host
+    with both is shared by the two sides). ``nics_per_node`` (None: one NIC per GPU) is how many
+    NICs a node has: the ranks of a node share them (its ``j``-th rank, trainer ranks first, uses
+    NIC ``j % nics_per_node``), so ``1`` is one Ethernet port per host.
     """
 
     name: str = "h100"
@@ -48,9 +62,70 @@ class NetworkModel:
     # is its own, as with NVLink). On one CPU host every loopback byte costs CPU time of the same
     # few cores, so the host's total, not a rank's link, is what binds.
     node_bytes_per_s: float | None = None
+    hosts: tuple[tuple[int, int], ...] | None = None  # per host: (trainer ranks, rollout ranks)
+    nics_per_node: int | None = None  # None: a NIC per GPU
 
     def with_colocated(self, colocated: bool) -> NetworkModel:
         return replace(self, colocated=colocated)
+
+    # -- placement: the one place ranks are put on nodes and NICs ----------------------------
+    def node_of(self, side: str, rank: int) -> Hashable:
+        """The node (host) of ``side``'s rank ``rank``. With ``hosts`` a rank beyond them is on a
+        node of its own (``check_hosts`` reports such a spec)."""
+        if self.hosts is not None:
+            ends = _host_ends(self.hosts, 0 if side == "trainer" else 1)
+            h = bisect_right(ends, rank)
+            return ("host", h) if h < len(ends) else (side, "beyond", rank)
+        if self.colocated or self.shared_nodes:
+            return ("node", rank // self.ranks_per_node)
+        return (side, rank // self.ranks_per_node)
+
+    def gpu_of(self, side: str, rank: int) -> Hashable:
+        """The GPU of a rank: its own, or with ``colocated`` the one trainer and rollout rank ``i`` share."""
+        return ("gpu", rank) if self.colocated else (side, rank)
+
+    def nic_of(self, side: str, rank: int) -> Hashable:
+        """The NIC a rank's inter-node bytes use (:attr:`nics_per_node`)."""
+        if self.nics_per_node is None:
+            return self.gpu_of(side, rank)
+        node = self.node_of(side, rank)
+        return (node, self._local_index(side, rank) % self.nics_per_node)
+
+    def _local_index(self, side: str, rank: int) -> int:
+        """The rank's index among its node's ranks, trainer ranks first."""
+        if self.hosts is not None:
+            h = bisect_right(_host_ends(self.hosts, 0 if side == "trainer" else 1), rank)
+            if h >= len(self.hosts):
+                return 0
+            first_t = _host_ends(self.hosts, 0)[h] - self.hosts[h][0]
+            first_r = _host_ends(self.hosts, 1)[h] - self.hosts[h][1]
+            return rank - first_t if side == "trainer" else self.hosts[h][0] + rank - first_r
+        if self.colocated:
+            return rank % self.ranks_per_node
+        local = rank % self.ranks_per_node
+        return local + self.ranks_per_node if (self.shared_nodes and side != "trainer") else local
+
+    def check_hosts(self, trainer_ranks: int, rollout_ranks: int) -> list[str]:
+        """Problems of ``hosts`` for sides of these sizes (every rank placed, none beyond); [] when none."""
+        if self.hosts is None:
+            return []
+        out = []
+        for i, (side, n) in enumerate((("trainer", trainer_ranks), ("rollout", rollout_ranks))):
+            placed = sum(h[i] for h in self.hosts)
+            if placed != n:
+                out.append(f"the hosts hold {placed} {side} rank(s), the {side} has {n}")
+        return out
+
+
+@lru_cache(maxsize=64)
+def _host_ends(hosts: tuple[tuple[int, int], ...], i: int) -> tuple[int, ...]:
+    """Cumulative rank counts of side ``i`` (0 trainer, 1 rollout) over ``hosts``: host ``h`` holds
+    ranks ``[ends[h - 1], ends[h])``."""
+    ends, n = [], 0
+    for h in hosts:
+        n += h[i]
+        ends.append(n)
+    return tuple(ends)
 
 
 PRESETS: dict[str, NetworkModel] = {
@@ -74,6 +149,17 @@ PRESETS: dict[str, NetworkModel] = {
 }
 
 PresetName = Literal["h100", "h200", "gb200", "cpu-gloo"]
+MAX_HOSTS = 1 << 16
+
+
+class HostSpec(BaseModel):
+    """One host (or ``count`` alike) of ``network.hosts``: how many ranks of each side it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trainer: int = Field(0, ge=0, le=1 << 20, description="Trainer ranks on this host (the next ones, in rank order).")
+    rollout: int = Field(0, ge=0, le=1 << 20, description="Rollout ranks on this host (the next ones, in rank order).")
+    count: int = Field(1, ge=1, le=1 << 16, description="This many hosts alike, one after another.")
 
 
 class NetworkSpec(BaseModel):
@@ -96,6 +182,13 @@ class NetworkSpec(BaseModel):
     node_gbyte_per_s: float | None = Field(
         None, gt=0, description="All intra-node traffic of one node together, GB/s (one CPU host's loopback). "
         "Default: no such limit (cpu-gloo: calibrated).")
+    nics_per_node: int | None = Field(
+        None, ge=1, le=1024, description="NICs per node, shared by its ranks (1: one port per host). "
+        "Default: one NIC per GPU.")
+    hosts: list[HostSpec] | None = Field(
+        None, min_length=1, max_length=1 << 16, description="Every rank's host, host by host: each holds the next "
+        "`trainer` trainer ranks and `rollout` rollout ranks (both: a shared host). Replaces ranks_per_node and "
+        "shared_nodes; must place every rank of both sides.")
 
     @classmethod
     def parse(cls, value: Any) -> NetworkSpec:
@@ -125,7 +218,22 @@ class NetworkSpec(BaseModel):
             kw["shared_nodes"] = self.shared_nodes
         if self.node_gbyte_per_s is not None:
             kw["node_bytes_per_s"] = self.node_gbyte_per_s * 1e9
+        if self.nics_per_node is not None:
+            kw["nics_per_node"] = self.nics_per_node
+        if self.hosts is not None:
+            if sum(h.count for h in self.hosts) > MAX_HOSTS:
+                raise ValueError(f"hosts: more than {MAX_HOSTS} hosts")
+            kw["hosts"] = tuple((h.trainer, h.rollout) for h in self.hosts for _ in range(h.count))
         return replace(m, **kw)
+
+    def host_problems(self, trainer_ranks: int, rollout_ranks: int) -> list[str]:
+        """What is wrong with ``hosts`` for sides of these sizes (too many hosts, ranks not all placed)."""
+        if self.hosts is None:
+            return []
+        n = sum(h.count for h in self.hosts)
+        if n > MAX_HOSTS:
+            return [f"{n} hosts, more than {MAX_HOSTS}"]
+        return self.to_model().check_hosts(trainer_ranks, rollout_ranks)
 
 
 def network_model(value: Any = None, *, colocated: bool = False) -> NetworkModel:

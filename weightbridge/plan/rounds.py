@@ -12,7 +12,7 @@ goes to all instances costs O(1).
 Exchange packets (receiver de-replication) share the rounds: each goes no earlier than one
 round after the update packets it forwards from arrive (updates aim at the first ``N - 1``
 rounds so the last round is left for forwards), and counts against the cap of its sender and
-of every receiver, so NIC-bound updates and NVLink-bound forwards overlap.
+of every receiver (the rest of its relay group), so NIC-bound updates and NVLink-bound forwards overlap.
 
 Input: :class:`Packets`, :data:`Templates`, ``round_bytes``. Output: :class:`Schedule`.
 """
@@ -53,12 +53,11 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
         else:
             extra_tot[(g, i, l)] = extra_tot.get((g, i, l), 0) + b
     xs_tot: dict[tuple[int, int, int], int] = {}
-    for s, w, g, l, i, b, _, _ in forwards:
+    for s, w, g, l, i, b, _, _, targets in forwards:
         xs_tot[(g, i, l)] = xs_tot.get((g, i, l), 0) + w
         extra_tot[(g, i, l)] = extra_tot.get((g, i, l), 0) + w
-        for m_ in range(len(templates[g].ranks)):
-            if m_ != i:
-                extra_tot[(g, m_, l)] = extra_tot.get((g, m_, l), 0) + b
+        for m_ in targets:
+            extra_tot[(g, m_, l)] = extra_tot.get((g, m_, l), 0) + b
     recv = dict.fromkeys(((g, i, l) for g, t in enumerate(templates) for i in range(len(t.ranks))
                           for l in range(len(t.layouts))), 0)
     for key, b in extra_tot.items():
@@ -146,7 +145,7 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
     base = len(updates)
     cum = {}
     slot_lists: dict[tuple[int, int], list[list[int]]] = {}
-    for idx, (s, w, g, l, i, b, _, after) in enumerate(forwards):
+    for idx, (s, w, g, l, i, b, _, after, targets) in enumerate(forwards):
         skey = (g, i, l)
         c = cum.get(skey, 0)
         cum[skey] = c + w
@@ -162,6 +161,7 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
             for lst in lists:
                 grow(lst, top)
         mine = lists[i]
+        tl = [lists[m_] for m_ in targets]
         rho = -1
         for r in chain(range(d, nr), range(d - 1, first - 1, -1)):
             if r >= len(cm):
@@ -173,8 +173,8 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
                 continue
             lim = cap - base_r - b
             ok = True
-            for lst in lists:
-                if lst is not mine and lst[r] > lim:
+            for lst in tl:
+                if lst[r] > lim:
                     ok = False
                     break
             if ok:
@@ -186,9 +186,9 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
             grow(cm, rho)
             for lst in lists:
                 grow(lst, rho)
-        for lst in lists:
+        for lst in tl:
             lst[rho] += b
-        mine[rho] += w - b
+        mine[rho] += w
         out[base + idx] = rho
     used = sorted(set(out))
     if used and used[-1] != len(used) - 1:

@@ -78,9 +78,9 @@ class Endpoint:
                                heartbeat_s=sync.heartbeat_s, auth=self.signer, ranks=spec_ranks)
         self.board = Board(self.cp)
         # the spec's network model, as `weightbridge plan` uses it (receiver_dedup "auto" is priced on it)
+        self.net = network_model(resolved.network, colocated=sync.mode == "colocated")
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
-                               receiver_dedup=sync.receiver_dedup,
-                               network=network_model(resolved.network, colocated=sync.mode == "colocated"))
+                               receiver_dedup=sync.receiver_dedup, network=self.net)
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
             transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
             signer=self.signer, delta=sync.delta,
@@ -131,8 +131,10 @@ class Endpoint:
     def explain(self, board: Board, exc: BaseException, epoch: int) -> BaseException:
         """After transport error ``exc`` in ``epoch``: :class:`PeerFailed` carrying the root cause a
         peer published there (e.g. the receiver's ``ChecksumError`` behind this rank's
-        ``PeerDisconnected``), looked for up to ``CAUSE_WAIT_S``; else ``exc`` itself."""
+        ``PeerDisconnected``), looked for up to ``CAUSE_WAIT_S``; else ``exc`` itself, naming its peer's
+        host and host-mates when the spec places ranks on hosts (:mod:`.hosts`)."""
         from weightbridge.runtime.coordinator import root_cause
+        from weightbridge.runtime.hosts import with_hosts
         from weightbridge.transport.errors import RECEIVER_FINDINGS, TransportError
 
         if not isinstance(exc, TransportError) or isinstance(exc, RECEIVER_FINDINGS):
@@ -143,12 +145,12 @@ class Endpoint:
                 with board.cp.bounded(deadline):  # a store that does not answer ends the search, not a deadline later
                     seen = [(RankId(f.side, f.rank), f.error, f.message) for f in board.cp.failures(epoch)]
             except BridgeError:
-                return exc
+                return with_hosts(exc, self.net, self.roster)
             cause = root_cause(seen, self.me)
             if cause is not None and cause.root:
                 return PeerFailed(self.me, cause.peer, cause.error)
             if time.monotonic() > deadline:
-                return exc
+                return with_hosts(exc, self.net, self.roster)
             time.sleep(0.02)
 
     def epoch_plan(self) -> tuple[RankPlan, Roster]:

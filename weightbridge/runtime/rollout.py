@@ -145,11 +145,12 @@ class RolloutBridge(Endpoint):
         bad announcement value once (``BadMessage``).
         """
         self._raise_pending()
-        self._repair(self.board)
         if not self.staging:
             ann = self._announcement(self.board)
             if ann is not None and co.receives(ann.order, self._handled):
                 self._receive(self.board, ann, keep_error=False)
+                return self.ready()
+        self._repair(self.board)  # after the announcement: a push waits for no repair round trips
         return self.ready()
 
     def apply(self) -> int:
@@ -284,8 +285,9 @@ class RolloutBridge(Endpoint):
         board.cp.stop = self._stop  # close() ends this thread's waits at once
         while not self._stop.is_set():
             try:
-                self._repair(board)
                 ann = self._announcement(board)
+                if ann is None or not co.receives(ann.order, self._handled):
+                    self._repair(board)  # only while idle: a push waits for no repair round trips
             except BridgeError as exc:
                 self._keep(exc)
                 self._stop.wait(0.005 if isinstance(exc, BadMessage) else 0.1)

@@ -31,6 +31,7 @@ from weightbridge.runtime.epochs import REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import PushStats
 from weightbridge.spec.resolve import ResolvedSpec
+from weightbridge.sync.batch import batch, reuse
 from weightbridge.sync.board import rollout_ids
 from weightbridge.sync.membership import actual_dtypes, check_tensors
 from weightbridge.sync.messages import Announce
@@ -169,15 +170,18 @@ class TrainerBridge(Endpoint):
     def _announce(self, version: int) -> tuple[Announce, float]:
         """Trainer rank 0: decide the members, enforce the staleness bound, decide the epoch, announce."""
         deadline = self.cp.deadline()
-        instances = self._await_members(deadline, version)
+        instances, look = self._await_members(deadline, version)
         roster = Roster.of_instances(self.spec.rollout, self.num_trainers, instances)
         waited = 0.0
         if self.mode == "async":
             t = time.perf_counter()
-            self._await_staleness(roster.rollout_ranks, deadline, version)
+            if self._await_staleness(roster.rollout_ranks, deadline, version, look):
+                look = {}  # it waited: the epoch view reads anew
             waited = time.perf_counter() - t
         self._pushed_to = roster.rollout_ranks
-        decision = co.decide_push(self._epoch_view(), last_seq=self.seq, version=version, instances=instances)
+        with reuse(self.cp, look):  # the members' look answers the epoch view's reads of join records
+            view = self._epoch_view()
+        decision = co.decide_push(view, last_seq=self.seq, version=version, instances=instances)
         epoch = self.board.open_epoch(roster, decision.reason).epoch if decision.new_epoch else self.epoch
         return self.board.announce(decision.seq, decision.version, epoch, self.started_ms), waited
 
@@ -198,63 +202,85 @@ class TrainerBridge(Endpoint):
                     dead.add(who.rank)
         return co.RolloutView(self._instance_ranks, frozenset(joined), frozenset(dead))
 
-    def _await_members(self, deadline: float, version: int) -> tuple[int, ...]:
-        got: list[co.Members] = []
+    def _await_members(self, deadline: float, version: int) -> tuple[tuple[int, ...], dict]:
+        """The members of the push, and the snapshot of the look that found them (every rollout rank's
+        join record and heartbeat, in async mode its applied ack, and the epoch's members' join records:
+        what the staleness check and the epoch view read next)."""
+        got: list = []
+        every = rollout_ids([r for ranks in self._instance_ranks for r in ranks])
+        keys = self.board.join_keys([*every, *self.hellos]) + self.board.heartbeat_keys(every)
+        if self.mode == "async":
+            keys += self.board.ack_keys("applied", [w.rank for w in every])
 
         def enough(_: list[bytes]) -> bool:
-            decision = co.decide_members(self._rollout_view(), self.min_instances)
-            got[:] = [decision] if isinstance(decision, co.Members) else []
+            with batch(self.cp, keys) as look:  # one snapshot per look
+                decision = co.decide_members(self._rollout_view(), self.min_instances)
+            got[:] = [decision, look] if isinstance(decision, co.Members) else []
             return bool(got)
 
         self.cp.wait_for([], deadline, f"at least {self.min_instances} complete rollout instance(s) to join",
                          ready=enough, epoch=self.failure_epoch or None, since=self._since, only=_of_push(version))
-        return got[0].instances
+        return got[0].instances, got[1]
 
-    def _await_staleness(self, rollout_ranks: tuple[int, ...], deadline: float, version: int) -> None:
+    def _await_staleness(self, rollout_ranks: tuple[int, ...], deadline: float, version: int, look: dict) -> bool:
         """Async: wait until each receiver applied the ``max(k, 1)``-th newest version its current
-        process staged (:func:`~.coordinator.decide_staleness`; none staged: nothing to wait for)."""
-        for r in rollout_ranks:
-            self._receivers[r] = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), self.seq)
-        records = {r: self._receivers.get(r) for r in rollout_ranks}
-
-        def decide() -> co.Fresh | co.AwaitStaleness:
-            applied = {}
-            for r, rec in records.items():
-                ack = self._ack("applied", r)
-                # an applied ack counts if this process wrote it (its nonce, when the ack carries one)
-                # for a push this trainer announced (a seq past its own cannot be genuine)
-                if ack is not None and rec is not None and getattr(ack, "nonce", "") in ("", rec.nonce) \
-                        and ack.seq <= self.seq:
-                    applied[r] = (ack.seq, ack.version)
-            return co.decide_staleness(self.max_staleness, records, applied)
-
-        first = decide()
+        process staged (:func:`~.coordinator.decide_staleness`; none staged: nothing to wait for).
+        The first look is ``look`` (the members' snapshot); True when it had to wait."""
+        acks = self.board.ack_keys("applied", rollout_ranks)
+        joins = self.board.join_keys(rollout_ids(rollout_ranks))
+        with reuse(self.cp, look), batch(self.cp, joins + acks):  # reads only what the look lacks
+            for r in rollout_ranks:
+                self._receivers[r] = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), self.seq)
+            first = self._staleness(rollout_ranks)
         if isinstance(first, co.Fresh):
-            return
+            return False
+
+        def fresh(_: list[bytes]) -> bool:
+            with batch(self.cp, acks):
+                return isinstance(self._staleness(rollout_ranks), co.Fresh)
+
         lag = "; ".join(f"rollout {r} must apply {need}, applied {'none' if has is None else has}"
                         for r, need, has in first.lagging)
         self.cp.wait_for(
             [], deadline,
             f"every receiver to apply version >= {first.bound} (max_staleness {self.max_staleness}) of the "
             f"versions delivered to it ({lag})",
-            ready=lambda _: isinstance(decide(), co.Fresh), epoch=self.failure_epoch or None, since=self._since,
+            ready=fresh, epoch=self.failure_epoch or None, since=self._since,
             watch=rollout_ids([r for r, _, _ in first.lagging]), only=_of_push(version),
         )
+        return True
+
+    def _staleness(self, rollout_ranks: tuple[int, ...]) -> co.Fresh | co.AwaitStaleness:
+        """Trainer 0, async: the staleness decision from the receivers' applied acks now."""
+        records = {r: self._receivers.get(r) for r in rollout_ranks}
+
+        applied = {}
+        for r, rec in records.items():
+            ack = self._ack("applied", r)
+            # an applied ack counts if this process wrote it (its nonce, when the ack carries one)
+            # for a push this trainer announced (a seq past its own cannot be genuine)
+            if ack is not None and rec is not None and getattr(ack, "nonce", "") in ("", rec.nonce) \
+                    and ack.seq <= self.seq:
+                applied[r] = (ack.seq, ack.version)
+        return co.decide_staleness(self.max_staleness, records, applied)
 
     def _after_push(self, ann: Announce) -> None:
         """Trainer 0, async, when push ``ann`` ended (returned or failed): note which receivers staged it."""
         if self.mode != "async":
             return
+        pushed_to = getattr(self, "_pushed_to", ())
+        keys = self.board.join_keys(rollout_ids(pushed_to)) + self.board.ack_keys("staged", pushed_to)
         try:
-            for r in getattr(self, "_pushed_to", ()):
-                rec = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), ann.seq)
-                if rec is None:
-                    continue
-                ack = self._ack("staged", r)
-                mine = ack is not None and getattr(ack, "nonce", "") in ("", rec.nonce)
-                self._receivers[r] = co.after_push(rec, seq=ann.seq, version=ann.version,
-                                                   staged_seq=ack.seq if mine else None,  # type: ignore[union-attr]
-                                                   keep=max(self.max_staleness, 1) + 1)
+            with batch(self.cp, keys):  # every receiver's join record and staged ack: one snapshot
+                for r in pushed_to:
+                    rec = co.track_incarnation(self._receivers.get(r), self._nonce_of(r), ann.seq)
+                    if rec is None:
+                        continue
+                    ack = self._ack("staged", r)
+                    mine = ack is not None and getattr(ack, "nonce", "") in ("", rec.nonce)
+                    self._receivers[r] = co.after_push(rec, seq=ann.seq, version=ann.version,
+                                                       staged_seq=ack.seq if mine else None,  # type: ignore[union-attr]
+                                                       keep=max(self.max_staleness, 1) + 1)
         except BridgeError:  # the store is unreachable: the next push finds out
             pass
 
@@ -283,12 +309,13 @@ class TrainerBridge(Endpoint):
         if self.roster is None:
             return co.EpochView(epoch=self.epoch)
         joins: dict[RankId, str | None] = {}
-        for who in self.hellos:
-            try:
-                join = self.board.join_of(who)
-            except (ProtocolError, ForgedMessage):
-                join = None  # unreadable: as if it left (a new epoch; the rank rewrites it)
-            joins[who] = None if join is None else join.nonce
+        with batch(self.cp, self.board.join_keys(list(self.hellos))):  # every member's join record: one snapshot
+            for who in self.hellos:
+                try:
+                    join = self.board.join_of(who)
+                except (ProtocolError, ForgedMessage):
+                    join = None  # unreadable: as if it left (a new epoch; the rank rewrites it)
+                joins[who] = None if join is None else join.nonce
         return co.EpochView(
             epoch=self.epoch, instances=self.roster.instances, broken=self.broken,
             failures=self.board.failure_count(self.epoch),
@@ -331,18 +358,23 @@ class TrainerBridge(Endpoint):
         stage = co.ack_stage(self.mode, self.max_staleness)
         next_check = [time.monotonic() + REJOIN_CHECK_S]
 
+        keys = self.board.ack_keys(stage, ranks)
+
         def done(_: list[bytes]) -> bool:
             if self.rank == 0 and time.monotonic() > next_check[0]:
                 next_check[0] = time.monotonic() + REJOIN_CHECK_S
                 self._reassert(ann)
             # only this epoch's acks by the incarnations that handshook count (a replayed old ack does not)
             acks: dict[int, int] = {}
-            for r in ranks:
-                try:
-                    acks.update({r: a.seq for r, a in self.board.acks(stage, [r], epoch=ann.epoch,
-                                                                      hellos=self.hellos).items()})
-                except (ProtocolError, ForgedMessage):
-                    pass  # a bad value reads as no ack yet: the rank's real ack replaces it
+            with batch(self.cp, keys, all_or_none=True) as snapshot:  # one check; all there: one read
+                if snapshot is None:
+                    return False  # a rank has no ack at all yet
+                for r in ranks:
+                    try:
+                        acks.update({r: a.seq for r, a in self.board.acks(stage, [r], epoch=ann.epoch,
+                                                                          hellos=self.hellos).items()})
+                    except (ProtocolError, ForgedMessage):
+                        pass  # a bad value reads as no ack yet: the rank's real ack replaces it
             return not co.pending_acks(acks, ranks, ann.seq)
 
         self.cp.wait_for(

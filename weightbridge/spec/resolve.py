@@ -161,6 +161,10 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
     if isinstance(sync, SyncSpec) and isinstance(rollout, SideSpec) and (sync.min_instances or 0) > rollout.instances:
         col.add("$.sync.min_instances", f"min_instances {sync.min_instances} exceeds rollout.instances "
                 f"({rollout.instances})", "at most the spec's rollout instances (omit it: all of them)")
+    network = sections.get("network")
+    if isinstance(network, NetworkSpec) and "trainer" in layouts and "rollout" in layouts:
+        for message in network.host_problems(layouts["trainer"].world_size, layouts["rollout"].world_size):
+            col.add("$.network.hosts", message, "place every rank of both sides (count: N repeats a host)")
     if col.problems:
         return None, sorted(col.problems, key=lambda p: (p.line or 0, p.path))
     spec = Spec.model_validate(src.data)

@@ -64,6 +64,9 @@ class Board:
     def join_keys(self, ranks: Sequence[RankId]) -> list[str]:
         return [self._keys.join(r.key) for r in ranks]
 
+    def heartbeat_keys(self, ranks: Sequence[RankId]) -> list[str]:
+        return [self._keys.heartbeat(r.key) for r in ranks]
+
     def heartbeat(self, who: RankId) -> int | None:
         """``who``'s heartbeat counter (0: none yet; None: unreadable, no reading)."""
         return self.cp.heartbeat(who)
@@ -189,6 +192,10 @@ class Board:
         return out
 
     # -- instance apply agreement (rollout ranks of one instance) -----------------------------
+    def ack_keys(self, stage: str, rollout_ranks: Sequence[int]) -> list[str]:
+        """The keys of these rollout ranks' ``stage`` acks (trainer 0 reads them as one snapshot: sync/batch.py)."""
+        return [self._keys.ack(stage, r) for r in rollout_ranks]
+
     def offer(self, instance: int, session: str, offer: Offer) -> None:
         self.cp.set(self._keys.offer(instance, session, offer.round, self.me.rank), offer)
 

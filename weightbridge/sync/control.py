@@ -58,6 +58,7 @@ from typing import Any
 
 from weightbridge.errors import DeadlineExceeded, ForgedMessage, HandshakeMismatch, PeerFailed, ProtocolError, StoreUnreachable
 from weightbridge.sync.auth import Signer
+from weightbridge.sync.batch import batch, read_many
 from weightbridge.sync.heartbeat import HeartbeatMonitor
 from weightbridge.sync.messages import Failure, Hello, Join, Keys, M, decode, encode
 from weightbridge.sync.roster import RankId
@@ -72,11 +73,8 @@ _ABSENT = b"\x00weightbridge: no such key\x00"  # a compare_set expecting this n
 
 def clone_store(store: Any) -> Any:
     """A second client of the same store for another thread (TCPStore.clone), else the store itself."""
-    clone = getattr(store, "clone", None)
-    if clone is None:
-        return store
     try:
-        return clone()
+        return store.clone() if hasattr(store, "clone") else store
     except RuntimeError:  # stores that cannot clone are thread-safe in-process maps (HashStore)
         return store
 
@@ -115,7 +113,6 @@ class ControlPlane:
         self.monitor = monitor or HeartbeatMonitor(self.dead_after_s)
         self._hb_thread: threading.Thread | None = None
         self._hb_stop = threading.Event()
-        self._last_hb_check = 0.0
         # failures seen, per epoch: ids in the order first seen; the flag value and time of the last scan
         self._seen: dict[int, list[str]] = {}
         self._failed: dict[str, Failure] = {}  # id -> failure (of any epoch)
@@ -125,19 +122,13 @@ class ControlPlane:
         # Set by another thread: every wait on this control plane ends at once (RolloutBridge.close() ends
         # its receive thread's waits with it; that thread's control plane is a clone of its own).
         self.stop: threading.Event | None = None
+        self.snapshot: dict[str, bytes | None] | None = None  # raw values read at once (sync/batch.py)
 
     def clone(self) -> ControlPlane:
         """A control plane on a new store connection, for another thread (shares nothing mutable)."""
-        return ControlPlane(
-            clone_store(self.store),
-            me=self.me,
-            keys=self.keys,
-            timeout_s=self.timeout_s,
-            heartbeat_s=self.heartbeat_s,
-            dead_after_s=self.dead_after_s,
-            auth=self.auth,
-            ranks=self.ranks,
-        )
+        return ControlPlane(clone_store(self.store), me=self.me, keys=self.keys, timeout_s=self.timeout_s,
+                            heartbeat_s=self.heartbeat_s, dead_after_s=self.dead_after_s, auth=self.auth,
+                            ranks=self.ranks)
 
     # -- store access -------------------------------------------------------------------------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -178,7 +169,10 @@ class ControlPlane:
     def _peek(self, key: str) -> bytes | None:
         """The raw value at ``key`` or None, in one non-blocking call: a ``check`` then ``get`` blocks until
         the store's timeout when the key is deleted in between (a rank's ``close()`` deletes its join
-        record while a peer reads it; a stranger may delete any key)."""
+        record while a peer reads it; a stranger may delete any key). Inside a
+        :func:`~weightbridge.sync.batch.batch` of ``key``: the value read then."""
+        if self.snapshot is not None and key in self.snapshot:
+            return self.snapshot[key]
         peek = getattr(self.store, "peek", None)  # ReconnectingStore
         if peek is not None:
             return self._call(peek, key)
@@ -199,6 +193,9 @@ class ControlPlane:
                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def exists(self, keys: Sequence[str]) -> bool:
+        snap = self.snapshot
+        if snap is not None and all(k in snap for k in keys):
+            return all(snap[k] is not None for k in keys)
         return bool(self._call(self.store.check, list(keys)))
 
     def counter(self, key: str) -> int:
@@ -248,18 +245,29 @@ class ControlPlane:
         its peers can get here). ``budget_s``: the length of the deadline as the error reports it
         (default ``timeout_s``; a caller whose deadline is longer says so).
         """
+        if self.snapshot is not None:
+            raise RuntimeError("wait_for inside a batch of reads would see the same values until its deadline")
         return self._wait(keys, deadline, what, ready, epoch, since, tuple(w for w in watch if w != self.me),
                           progress, only, joins, self.timeout_s if budget_s is None else budget_s)
 
     def _wait(self, keys, deadline, what, ready, epoch, since, watch, progress, only, joins, budget_s) -> list[bytes]:
         sleep_s = 0.001
+        # heartbeats from half a period on: a wait that ends sooner costs no heartbeat reads
+        next_beat = time.monotonic() + self.heartbeat_s / 2
         while True:
             # the wait's own store calls end by its deadline (plus GRACE_S): a store that stops answering
             # cannot hold it longer; progress() is other work with deadlines of its own
             with self.bounded(deadline + GRACE_S):
                 if epoch is not None:
                     self.raise_failures(epoch, since, only)
-                raw = [self._peek(k) for k in keys]  # non-blocking: a key deleted meanwhile reads as missing
+                # one key: one non-blocking read (no window between a check and a read for a deletion);
+                # more: one check of them all, then one multi_get (sync/batch.py); a key deleted
+                # meanwhile reads as missing, never blocks
+                if len(keys) == 1:
+                    raw = [self._peek(keys[0])]
+                else:
+                    got = read_many(self, keys, all_or_none=True)
+                    raw = [None] if got is None else [got[k] for k in keys]
                 if all(v is not None for v in raw):
                     values = [self.open(k, v) for k, v in zip(keys, raw)]
                     if ready is None or ready(values):
@@ -268,11 +276,13 @@ class ControlPlane:
                 progress()
             now = time.monotonic()
             with self.bounded(deadline + GRACE_S):
-                if (watch or joins) and now - self._last_hb_check >= self.heartbeat_s / 2:
-                    self._last_hb_check = now
-                    self.check_heartbeats(watch, now)
-                    if joins:
-                        self.check_restarts(joins)
+                if (watch or joins) and now >= next_beat:
+                    next_beat = now + self.heartbeat_s / 2
+                    beats = [self.keys.heartbeat(w.key) for w in watch] + [self.keys.join(w.key) for w in joins or ()]
+                    with batch(self, beats):  # every member's heartbeat and join record: one snapshot
+                        self.check_heartbeats(watch, now)
+                        if joins:
+                            self.check_restarts(joins)
                 if now > deadline or (self.stop is not None and self.stop.is_set()):
                     missing = [k for k in keys if not self._call(self.store.check, [k])]
                     if missing:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from weightbridge.transport import delta as wd
-from weightbridge.transport.errors import MalformedBucket, TransportError, classify
+from weightbridge.transport.errors import MalformedBucket, PeerTimeout, TransportError, classify
 from weightbridge.transport.group import wait_work
 from weightbridge.transport.wire import Transfer, chunk_bounds, wire_buffer
 
@@ -98,9 +98,12 @@ class RoundComm:
         """Wait for the issued wave, then issue and wait for the rest."""
         while True:
             deadline = time.monotonic() + self.ex.group.timeout_s
-            for work, peers, what in self.works:
-                wait_work(self.ex.group, work, peers=peers, round_index=self.round_index, what=what,
-                          deadline=deadline)
+            for i, (work, peers, what) in enumerate(self.works):
+                try:
+                    wait_work(self.ex.group, work, peers=peers, round_index=self.round_index, what=what,
+                              deadline=deadline)
+                except PeerTimeout as exc:
+                    raise self._stalled(exc, self.works[i:]) from exc
             self.works = []
             if self.wave == 0 and self.ex.delta != "off":
                 self._learn_all()
@@ -111,6 +114,18 @@ class RoundComm:
             elif self.wave > (1 if self.ex.delta != "off" else 0):
                 return
             self._issue(self.wave)
+
+    def _stalled(self, exc: PeerTimeout, pending: list) -> PeerTimeout:
+        """``exc`` naming every peer with an op of this wave still incomplete at the deadline, not only
+        the first one waited for: a host whose link is down stalls all of its ranks at once."""
+        group = self.ex.group
+        stuck = {p for work, peers, _ in pending if not _completed(work) for p in peers}
+        stuck.discard(exc.peer)
+        if not stuck:
+            return exc
+        names = ", ".join(group.describe_rank(p) for p in sorted(stuck))
+        return group.error(PeerTimeout, exc.peer, self.round_index,
+                           f"{exc.message}; at that deadline also no progress with {names}")
 
     def _issue(self, k: int, ops: list[tuple[Transfer, torch.Tensor, int, int]] | None = None) -> None:
         ops = self._wave_ops(k) if ops is None else ops
@@ -169,6 +184,13 @@ class RoundComm:
             out.append((tr, buf, cuts))
         self.messages = out
         self.waves = max((len(c) for _, _, c in out), default=0)
+
+
+def _completed(work) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:  # noqa: BLE001 - a failed op: no progress
+        return False
 
 
 __all__ = ["RoundComm"]

@@ -195,6 +195,13 @@ class ReconnectingStore:
     def num_keys(self) -> int:
         return int(self._call("num_keys"))
 
+    def multi_get_within(self, keys: list[str], timeout_s: float) -> list[bytes] | None:
+        """The values of ``keys`` (every one known to exist) in one ``MULTI_GET`` round trip, the call bounded
+        by ``timeout_s``; None when one of them is gone (deleted after the caller checked). Retried like ``get``."""
+        with self.bound(time.monotonic() + timeout_s):
+            values = [bytes(v) for v in self._call("multi_get", list(keys))]
+        return None if any(not v for v in values) else values  # sealed values are never empty
+
     def peek(self, key: str) -> bytes | None:
         """The value under ``key``, or None if there is none, without blocking (``get`` waits for a
         missing key). One ``compare_set`` that can never match, so it never writes; retried like ``get``."""

@@ -112,6 +112,12 @@ class StoreConnection:
         self._send(_U8.pack(Q.CHECK) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys), deadline)
         return _U8.unpack(self._recv(1, deadline))[0] == 0
 
+    def multi_get(self, keys: list[str], deadline: float) -> list[bytes]:
+        """The values of ``keys`` in one round trip (callers check that they exist first: a server may
+        answer an absent key with an empty value, as weightbridge's does, or wait for it)."""
+        self._send(_U8.pack(Q.MULTI_GET) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys), deadline)
+        return [self._recv_bytes(deadline) for _ in keys]
+
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str, deadline: float) -> bytes:
         self._send(_U8.pack(Q.COMPARE_SET) + _key(key) + _value(expected) + _value(desired), deadline)
         return self._recv_bytes(deadline)

@@ -1,0 +1,1 @@
+"""weightbridge's own test harnesses (private: no stability promise; product code never imports them)."""
