@@ -136,13 +136,13 @@ def test_cancelled_call_kills_the_whole_process_group(mode: str, tmp_path: Path)
 BAD = [
     ({"tests": ["/etc"]}, "tests[0]: /etc is outside the allowed roots"),
     ({"tests": ["../elsewhere/test_x.py"]}, "tests[0]: "),
-    ({"tests": ["--co"]}, "tests[0]: '--co' is not a test path or node id"),
+    ({"tests": ["--co"]}, "tests[0]: '--co' does not match ^[^\\x00\\n-]"),
     ({"tests": ["test_missing.py"]}, "tests[0]: "),
-    ({"tests": []}, "tests\n  List should have at least 1 item"),
-    ({"tests": ["test_ok.py"], "keyword": "-p evil"}, "keyword: '-p evil' is not a pytest expression"),
-    ({"tests": ["test_ok.py"], "markers": "slow; rm -rf"}, "markers: 'slow; rm -rf' is not a pytest expression"),
-    ({"tests": ["test_ok.py"], "timeout_s": 100000}, "timeout_s: 100000 exceeds this server's limit of 1800 s"),
-    ({"tests": ["test_ok.py"], "timeout_s": 0}, "timeout_s\n  Input should be greater than or equal to 1"),
+    ({"tests": []}, "tests: 0 item(s); at least 1"),
+    ({"tests": ["test_ok.py"], "keyword": "-p evil"}, "keyword: '-p evil' does not match ^[A-Za-z0-9_ ()"),
+    ({"tests": ["test_ok.py"], "markers": "slow; rm -rf"}, "markers: 'slow; rm -rf' does not match ^[A-Za-z0-9_ ()"),
+    ({"tests": ["test_ok.py"], "timeout_s": 100000}, "timeout_s: 100000 is above the maximum of 1800"),
+    ({"tests": ["test_ok.py"], "timeout_s": 0}, "timeout_s: 0 is below the minimum of 1"),
     ({"tests": ["test_ok.py"], "args": ["-x"]}, "args: unknown argument"),
 ]
 
