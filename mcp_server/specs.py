@@ -37,10 +37,10 @@ SpecText = Annotated[
 ONE_SPEC = ("spec_path", "spec_text")  # a tool taking a spec: exactly one of them (declared as oneOf)
 # A size of at least MIN_ROUND_BYTES (4096) as parse_bytes reads it, as a pattern a JSON Schema can declare:
 # >= 4096 without a unit (or B), >= 4 KiB, >= 5 KB, >= 1 of MB/MiB and above (the integer part decides).
-ROUND_BYTES_PATTERN = (
-    r"^\s*0*(?:(?:409[6-9]|4[1-9][0-9]{2}|[5-9][0-9]{3}|[1-9][0-9]{4,})(?:\.[0-9]+)?\s*[Bb]?"
-    r"|(?:[4-9]|[1-9][0-9]+)(?:\.[0-9]+)?\s*[Kk][Ii][Bb]|(?:[5-9]|[1-9][0-9]+)(?:\.[0-9]+)?\s*[Kk][Bb]"
-    r"|[1-9][0-9]*(?:\.[0-9]+)?\s*[MmGgTt][Ii]?[Bb])\s*$"
+ROUND_BYTES_PATTERN = (  # spaces as [ \t]: engines disagree on what \s is (Python's includes \x1c-\x1f, Rust's not)
+    r"^[ \t]*0*(?:(?:409[6-9]|4[1-9][0-9]{2}|[5-9][0-9]{3}|[1-9][0-9]{4,})(?:\.[0-9]+)?[ \t]*[Bb]?"
+    r"|(?:[4-9]|[1-9][0-9]+)(?:\.[0-9]+)?[ \t]*[Kk][Ii][Bb]|(?:[5-9]|[1-9][0-9]+)(?:\.[0-9]+)?[ \t]*[Kk][Bb]"
+    r"|[1-9][0-9]*(?:\.[0-9]+)?[ \t]*[MmGgTt][Ii]?[Bb])[ \t]*$"
 )
 RoundBytesText = Annotated[str, Field(
     pattern=ROUND_BYTES_PATTERN, max_length=64,
