@@ -19,6 +19,19 @@ from weightbridge.ops.planning import plan_spec, top_imbalances
 MAX_EXPLAINED = 200
 
 
+class Placement(BaseModel):
+    """Where the cost model puts the ranks (the assumption behind every predicted time)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sides: Literal["disjoint", "shared", "colocated"] = Field(
+        description="disjoint: each side on nodes of its own; shared: both sides on the same nodes; colocated: "
+        "trainer rank i and rollout rank i on one GPU")
+    ranks_per_node: int
+    trainer_nodes: int
+    rollout_nodes: int
+    text: str
+
+
 class PlanMetrics(BaseModel):
     """The `weightbridge plan --json` object (keys documented in weightbridge.plan.metrics)."""
 
@@ -46,6 +59,7 @@ class PlanMetrics(BaseModel):
     baseline_stall_seconds: float
     sync_mode: str
     network: str
+    placement: Placement
     planning_seconds: float
     change_rate: float | None = Field(None, description="The change_rate asked for (expected share of elements a push changes)")
     delta_wire_bytes: int | None = Field(None, description="With delta updates (sync.delta) at change_rate: expected wire bytes")

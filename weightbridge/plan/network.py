@@ -52,6 +52,23 @@ class NetworkModel:
     def with_colocated(self, colocated: bool) -> NetworkModel:
         return replace(self, colocated=colocated)
 
+    def placement(self, trainer_ranks: int, rollout_ranks: int) -> dict[str, object]:
+        """Where the cost model puts the ranks (``plan --json``'s ``placement``): ``sides`` is colocated,
+        shared (the two sides' ranks on the same nodes) or disjoint; node counts per side; ``text`` says it."""
+        n = self.ranks_per_node
+        t_nodes, r_nodes = -(-trainer_ranks // n), -(-rollout_ranks // n)
+        if self.colocated:
+            sides, text = "colocated", (f"colocated: trainer rank i and rollout rank i share GPU i, {n} per node "
+                                        f"({t_nodes} node(s))")
+        elif self.shared_nodes:
+            sides, text = "shared", (f"both sides on the same {max(t_nodes, r_nodes)} node(s), {n} ranks per node: "
+                                     f"trainer rank s and rollout rank r share a node iff s // {n} == r // {n}")
+        else:
+            sides, text = "disjoint", (f"trainer ranks on {t_nodes} node(s), rollout ranks on {r_nodes} other "
+                                       f"node(s), {n} ranks per node (rank r on node r // {n} of its side): every "
+                                       "trainer -> rollout byte crosses the NICs")
+        return {"sides": sides, "ranks_per_node": n, "trainer_nodes": t_nodes, "rollout_nodes": r_nodes, "text": text}
+
 
 PRESETS: dict[str, NetworkModel] = {
     "h100": NetworkModel(name="h100"),
