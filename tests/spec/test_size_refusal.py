@@ -52,6 +52,8 @@ def test_every_size_problem_of_both_sides_is_reported(spec: Path) -> None:
     ]
     by = {p.path: p for p in problems}
     assert "dim 0 (1536) is not divisible by etp=1024" in by["$.trainer.mesh"].message  # Megatron's etp = tp
+    assert by["$.trainer.mesh"].hint == ("choose etp dividing 1536; etp is not in the mesh: its size follows from "
+                                         "the others, as `weightbridge presets megatron` says")
     assert "groups: 4 blocks of dim 0 are fewer than tp=1024 ranks" in by["$.trainer.mesh.tp"].message
     assert by["$.trainer.mesh.tp"].hint == "choose tp <= 4, or set replicate: true if the framework replicates them"
     assert "is not divisible by etp=1024" in by["$.rollout.mesh"].message
