@@ -192,11 +192,6 @@ def _describe(err: jsonschema.ValidationError, root: dict[str, Any]) -> list[str
             return [_unknown(str(k), allowed) for k in extra]
         return [f"{where}.{excerpt(str(k), 60)}: unknown key" + (f" (keys: {', '.join(allowed)})" if allowed else "")
                 for k in extra]
-    if v == "propertyNames":
-        names = err.schema.get("propertyNames", {}).get("enum")
-        bad = [k for k in value if names is not None and k not in names] if isinstance(value, dict) else []
-        return [f"{where}.{excerpt(str(k), 60)}: unknown key" + (f" (keys: {', '.join(names)})" if names else "")
-                for k in bad] or [f"{where}: {excerpt(err.message, 200)}"]
     if v == "required":
         missing = [k for k in limit if isinstance(value, dict) and k not in value]
         return [f"{(where + '.') if err.absolute_path else ''}{k}: required" for k in missing]
@@ -228,6 +223,4 @@ def _describe(err: jsonschema.ValidationError, root: dict[str, Any]) -> list[str
         what = err.schema.get("description")  # a short one says it in words (round_bytes' sizes)
         return [f"{where}: {_shown(value)} is not {what}" if what and len(what) <= 200
                 else f"{where}: {_shown(value)} does not match {limit}"]
-    if v == "not":
-        return [f"{where}: {_shown(value)} is not allowed here"]
     return [f"{where}: {excerpt(err.message, 200)}"]
