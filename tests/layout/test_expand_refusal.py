@@ -9,10 +9,11 @@ uneven steps, concat and stacking), and a refused side expands only its represen
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from weightbridge.canonical import load_canonical
@@ -25,7 +26,7 @@ from weightbridge.spec.sides import side_config
 
 from ._materialise import TINY_MODELS, tiny_model
 
-PROPS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+PROPS = settings(max_examples=int(os.environ.get("WB_REFUSAL_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 
 
 def full_expansion(cfg: SideConfig, model):
@@ -71,11 +72,13 @@ def test_preset_sides_report_what_a_full_expansion_reports(case) -> None:
     assert_same_as_full(cfg, tiny_model(name))
 
 
-# A small inline model: two layers of a 2-D weight and a bias, and 4 experts per layer.
+# A small inline model: two layers of two 2-D weights (10 and 9 columns: uneven chunks over 4 ranks agree on
+# rank 0, 3 columns each, and differ on rank 3) and a bias, and 4 experts per layer (the last one 9 columns wide).
 INLINE = {"tensors": [
     *[{"name": f"model.layers.{i}.w.weight", "shape": [12, 10], "dtype": "bfloat16"} for i in range(2)],
+    *[{"name": f"model.layers.{i}.v.weight", "shape": [8, 9], "dtype": "bfloat16"} for i in range(2)],
     *[{"name": f"model.layers.{i}.b.bias", "shape": [12], "dtype": "bfloat16"} for i in range(2)],
-    *[{"name": f"model.layers.{i}.experts.{e}.up.weight", "shape": [6, 10], "dtype": "bfloat16"}
+    *[{"name": f"model.layers.{i}.experts.{e}.up.weight", "shape": [6, 10 if e < 3 else 9], "dtype": "bfloat16"}
       for i in range(2) for e in range(4)],
 ]}
 
@@ -99,7 +102,7 @@ def custom_side(draw):
     rules = [
         {"local": "layers.{layer}.wb", "concat": {"dim": 0, "parts": [
             {"canonical": "model.layers.{layer}.w.weight", "shard": draw(shard_steps(2))},
-            {"canonical": "model.layers.{layer}.w.weight", "shard": draw(shard_steps(2)), "transpose": False},
+            {"canonical": "model.layers.{layer}.v.weight", "shard": draw(shard_steps(2))},
         ]}} if draw(st.booleans()) else
         {"local": "layers.{layer}.w", "canonical": "model.layers.{layer}.w.weight", "shard": draw(shard_steps(2))},
         {"local": "layers.{layer}.b", "canonical": "model.layers.{layer}.b.bias", "shard": draw(shard_steps(1))},
@@ -110,12 +113,36 @@ def custom_side(draw):
     else:
         rules.append({"local": "layers.{layer}.experts.{local_expert}.up",
                       "canonical": "model.layers.{layer}.experts.{expert}.up.weight", "shard": draw(shard_steps(2))})
+    if draw(st.booleans()):  # an uneven step, then another on the same dim (FSDP2 on top of a shard)
+        dim = draw(st.integers(0, 1))
+        rules.append({"local": "layers.{layer}.v", "canonical": "model.layers.{layer}.v.weight",
+                      "shard": [{"dim": dim, "axis": "tp", "uneven": True}, {"dim": dim, "axis": "dp"}]})
     mesh = {"tp": draw(sizes), "dp": draw(sizes), "ep": draw(st.sampled_from([1, 2, 3, 4]))}
     return [Rule.model_validate(r) for r in rules], mesh
 
 
+def _case(*rules: dict, tp: int = 4, dp: int = 1, ep: int = 1) -> tuple[list[Rule], dict[str, int]]:
+    """``rules`` plus one that fails on every rank (12 bias rows in 5 blocks): the side is refused at its
+    representatives, so ``rules``' problems on other ranks are found only by the search for them."""
+    fails = [{"local": "layers.{layer}.b", "canonical": "model.layers.{layer}.b.bias",
+              "shard": [{"dim": 0, "axis": "tp", "blocks": 5}]}]
+    return [Rule.model_validate(r) for r in (*rules, *fails)], {"tp": tp, "dp": dp, "ep": ep}
+
+
+UNEVEN_COLUMNS = [{"dim": 1, "axis": "tp", "uneven": True}]  # 10 and 9 columns over tp=4: 3,3,3,1 and 3,3,3,0
+
+
 @PROPS
 @given(custom_side())
+@example(_case({"local": "layers.{layer}.wv", "concat": {"dim": 0, "parts": [  # parts agree on rank 0 only
+    {"canonical": "model.layers.{layer}.w.weight", "shard": UNEVEN_COLUMNS},
+    {"canonical": "model.layers.{layer}.v.weight", "shard": UNEVEN_COLUMNS}]}}))
+@example(_case({"local": "layers.{layer}.up", "canonical": "model.layers.{layer}.experts.{expert}.up.weight",
+                "stack": {"count": 4, "axis": "ep"}, "shard": UNEVEN_COLUMNS}))  # experts agree on rank 0 only
+@example(_case({"local": "layers.{layer}.v", "canonical": "model.layers.{layer}.v.weight",  # 3,3,3,0 rows over dp 3
+                "shard": [*UNEVEN_COLUMNS, {"dim": 1, "axis": "dp"}]}, dp=3))
+@example(_case({"local": "layers.{layer}.experts.{local_expert}.up", "shard": [{"dim": 1, "axis": "tp"}],
+                "canonical": "model.layers.{layer}.experts.{expert}.up.weight"}, ep=2))  # experts 2, 3: on ep rank 1
 def test_custom_rules_with_uneven_steps_report_what_a_full_expansion_reports(case) -> None:
     rules, mesh = case
     model = inline_model()

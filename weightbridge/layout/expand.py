@@ -448,7 +448,15 @@ def _selector_axes(compiled: Sequence[_CompiledRule]) -> set[str]:
 
 def _coordinate_sensitive(rule: Rule) -> bool:
     """Whether the rule's problems can differ between ranks that hold the same bindings. Shard steps
-    that divide evenly give every coordinate the same extents, so a problem at one rank is a
-    problem at all; an ``uneven`` step gives ranks different extents (and later steps, concat
-    and stacking see them)."""
-    return any(op.uneven for part in rule.parts() for op in part.shard)
+    that divide evenly give every coordinate the same extents, so a problem at one rank is a problem
+    at all. An ``uneven`` step gives ranks different extents of its dim: a later step on that dim
+    sees them, and so do the shape checks between parts (concat) and experts (stack); a last uneven
+    step of a single tensor (FSDP2's dp shard) checks nothing that depends on them."""
+    uneven = False
+    for part in rule.parts():
+        for j, op in enumerate(part.shard):
+            if op.uneven:
+                uneven = True
+                if any(later.dim == op.dim for later in part.shard[j + 1:]):
+                    return True
+    return uneven and (rule.concat is not None or rule.stack is not None)
