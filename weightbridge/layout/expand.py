@@ -26,6 +26,7 @@ from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, Side
 from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder, named_pieces, relative_pieces
 from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
 from weightbridge.layout.model_facts import LAYER, model_facts
+from weightbridge.layout.rule_axes import axes_used, coordinate_sensitive, rule_axes
 from weightbridge.layout.rules import Rule
 from weightbridge.layout.templates import CanonicalPattern, Filler, TemplateError
 
@@ -351,7 +352,7 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
         )
     stages = stage_layers(num_layers, pp, explicit, cfg.pp_style)
     per_instance = cfg.family.world_size(cfg.mesh)
-    used_axes = sorted(_axes_used(cfg.rules) | {"pp"})
+    used_axes = sorted(axes_used(cfg.rules) | {"pp"})
     all_coords = [cfg.family.coords(cfg.mesh, r) for r in range(per_instance)]
     cache: dict[tuple[int, ...], tuple[LocalTensor, ...]] = {}
 
@@ -373,7 +374,7 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
             if key not in cache:
                 cache[key] = expand(coords)
     if ex.problems:
-        sensitive = {i for i, cr in enumerate(ex.compiled) if _coordinate_sensitive(cr.rule)}
+        sensitive = {i for i, cr in enumerate(ex.compiled) if coordinate_sensitive(cr.rule)}
         searched: set[tuple[int, ...]] = set(cache)
         for coords, key in zip(all_coords, keys):
             if sensitive and key not in searched:
@@ -401,37 +402,6 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
     return SideLayout(cfg.side, tuple(ranks), cfg.instances), ex.problems
 
 
-def rule_axes(rule: Rule) -> list[tuple[str, str]]:
-    """Every mesh axis ``rule`` names, with the field naming it (``concat.parts[1].shard[0].axis``).
-    ``expert_axis`` counts only where the rule binds ``{expert}`` without stacking."""
-    out: list[tuple[str, str]] = []
-    body = "concat" if rule.concat is not None else "interleave" if rule.interleave is not None else ""
-    for k, part in enumerate(rule.parts()):
-        prefix = f"{body}.parts[{k}]." if body else ""
-        out += [(op.axis, f"{prefix}shard[{j}].axis") for j, op in enumerate(part.shard)]
-    if rule.interleave is not None and rule.interleave.axis:
-        out.append((rule.interleave.axis, "interleave.axis"))
-    if rule.stack is not None:
-        if rule.stack.axis:
-            out.append((rule.stack.axis, "stack.axis"))
-    elif any("{expert}" in p.canonical for p in rule.parts()):
-        out.append((rule.expert_axis, "expert_axis"))
-    return out
-
-
-def _axes_used(rules: Sequence[tuple[Rule, Origin]]) -> set[str]:
-    axes: set[str] = set()
-    for rule, _ in rules:
-        for part in rule.parts():
-            axes.update(op.axis for op in part.shard)
-        if rule.interleave is not None and rule.interleave.axis:
-            axes.add(rule.interleave.axis)
-        if rule.stack is not None and rule.stack.axis:
-            axes.add(rule.stack.axis)
-        axes.add(rule.expert_axis)
-    return axes
-
-
 def _selector_axes(compiled: Sequence[_CompiledRule]) -> set[str]:
     """The mesh axes whose coordinate selects which bindings a rank holds (besides ``pp``): the
     axis owning ``{expert}`` of each rule binding experts (stacked or not)."""
@@ -444,19 +414,3 @@ def _selector_axes(compiled: Sequence[_CompiledRule]) -> set[str]:
         elif any("expert" in b.values for b in cr.bindings[:1]):
             axes.add(rule.expert_axis)
     return axes
-
-
-def _coordinate_sensitive(rule: Rule) -> bool:
-    """Whether the rule's problems can differ between ranks that hold the same bindings. Shard steps
-    that divide evenly give every coordinate the same extents, so a problem at one rank is a problem
-    at all. An ``uneven`` step gives ranks different extents of its dim: a later step on that dim
-    sees them, and so do the shape checks between parts (concat) and experts (stack); a last uneven
-    step of a single tensor (FSDP2's dp shard) checks nothing that depends on them."""
-    uneven = False
-    for part in rule.parts():
-        for j, op in enumerate(part.shard):
-            if op.uneven:
-                uneven = True
-                if any(later.dim == op.dim for later in part.shard[j + 1:]):
-                    return True
-    return uneven and (rule.concat is not None or rule.stack is not None)
