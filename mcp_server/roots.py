@@ -20,6 +20,7 @@ from pathlib import Path
 from mcp.server.mcpserver.exceptions import ToolError
 
 
+STATE_DIR_NAME = ".weightbridge-mcp"  # in the first root, unless --state-dir says otherwise
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
 MAX_NAME_BYTES = 255  # NAME_MAX: one path component
 EXCERPT_CHARS = 80  # an argument value quoted in an error
@@ -79,9 +80,11 @@ class ServerConfig:
     ``roots``: directories where tools may write files and run tests (default: ``base_dir``).
     ``read_only``: hide the tools that write files or run code (``probe_layout``,
     ``run_conformance``) and drop ``generate_spec``'s ``write_to``.
-    ``max_timeout_s``: upper bound of any ``timeout_s`` argument.
+    ``max_timeout_s``: upper bound of any ``timeout_s`` argument (declared as its schema's maximum).
     ``call_timeout_s``: wall-clock limit of one tool call's worker process (it is killed after it).
     ``worker_memory_mb``: address-space limit of a worker process.
+    ``state_dir``: where the server writes its own files (temporary files, caches; :mod:`mcp_server.scratch`);
+    inside the roots, default ``ROOT/.weightbridge-mcp`` of the first root.
     """
 
     base_dir: Path = field(default_factory=Path.cwd)
@@ -90,6 +93,7 @@ class ServerConfig:
     max_timeout_s: int = 1800
     call_timeout_s: float = 120.0
     worker_memory_mb: int = 4096
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         base = Path(self.base_dir).expanduser().resolve()
@@ -97,12 +101,17 @@ class ServerConfig:
         roots = tuple(Path(r).expanduser().resolve() for r in self.roots) or (base,)
         object.__setattr__(self, "roots", roots)
         object.__setattr__(self, "call_timeout_s", float(self.call_timeout_s))
+        state = Path(self.state_dir).expanduser() if self.state_dir is not None else roots[0] / STATE_DIR_NAME
+        state = (state if state.is_absolute() else base / state).resolve()
+        if not self.is_inside(state):
+            raise ValueError(f"the state directory {state} is outside the allowed roots ({', '.join(map(str, roots))})")
+        object.__setattr__(self, "state_dir", state)
 
     def to_json(self) -> dict[str, object]:
         """The fields as JSON (a worker process rebuilds the config with ``ServerConfig(**obj)``)."""
         return {"base_dir": str(self.base_dir), "roots": [str(r) for r in self.roots], "read_only": self.read_only,
                 "max_timeout_s": self.max_timeout_s, "call_timeout_s": self.call_timeout_s,
-                "worker_memory_mb": self.worker_memory_mb}
+                "worker_memory_mb": self.worker_memory_mb, "state_dir": str(self.state_dir)}
 
     def resolve(self, raw: str) -> Path:
         """``raw`` as an absolute path (``~`` expanded, relative to ``base_dir``), symlinks resolved."""
@@ -146,11 +155,6 @@ class ServerConfig:
         if max_bytes is not None and st.st_size > max_bytes:
             raise fail(argument, f"{short_path(path)}: {st.st_size} bytes is too large (at most {max_bytes})")
         return path
-
-    def check_timeout(self, timeout_s: int) -> None:
-        """A ToolError naming ``timeout_s`` when it exceeds ``max_timeout_s``."""
-        if timeout_s > self.max_timeout_s:
-            raise fail("timeout_s", f"{timeout_s} exceeds this server's limit of {self.max_timeout_s} s")
 
     def writable(self, raw: str, argument: str, *, overwrite: bool) -> Path:
         """A path inside the roots whose parent directory exists; refuses to replace a file unless ``overwrite``."""

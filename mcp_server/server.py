@@ -1,12 +1,15 @@
 """Build the weightbridge MCP server and run it over stdio (console script ``weightbridge-mcp``).
 
-``weightbridge-mcp [--root DIR]... [--read-only] [--cwd DIR] [--max-timeout S] [--call-timeout S] [--worker-memory MB]``
+``weightbridge-mcp [--root DIR]... [--read-only] [--cwd DIR] [--max-timeout S] [--call-timeout S] [--worker-memory MB]
+[--state-dir DIR]``
 
 Tools (each a thin layer over the function the CLI calls): inspect_model, generate_spec,
 validate_spec, plan_transfer, explain_tensor, probe_layout, run_conformance. ``--read-only``
 hides the tools that run code (probe_layout, run_conformance) and generate_spec's write_to.
-Every path a tool reads or writes must lie inside a ``--root``; the work of each call runs in a
-worker process that is killed after ``--call-timeout`` seconds or when the client cancels.
+Every path a tool reads or writes must lie inside a ``--root``, and so do the server's own temporary
+files and caches (``--state-dir``, :mod:`mcp_server.scratch`); the work of each call runs in a worker
+process that is killed after ``--call-timeout`` seconds or when the client cancels. Each tool's
+declared input schema is exactly what it accepts (:mod:`mcp_server.declared`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from importlib.metadata import PackageNotFoundError, version
 from mcp.server.mcpserver import MCPServer
 
 from mcp_server import conformance, resources, tools_model, tools_plan, tools_probe, tools_spec, worker
+from mcp_server.declared import ToolSet, middleware
 from mcp_server.roots import ServerConfig
-from mcp_server.strict_args import reject_unknown_arguments
 
 INSTRUCTIONS = """\
 weightbridge moves updated model weights from RL trainers (Megatron-Core, FSDP2) to rollout engines
@@ -42,16 +45,17 @@ def _version() -> str:
 def build_server(config: ServerConfig | None = None) -> MCPServer:
     """A configured server (not started): ``Client(build_server(cfg))`` talks to it in process."""
     config = config or ServerConfig()
-    server = MCPServer("weightbridge", title="weightbridge", version=_version(), instructions=INSTRUCTIONS,
-                       log_level="WARNING")
-    tools_model.register(server, config)
-    tools_spec.register(server, config)
-    tools_plan.register(server, config)
+    tools = ToolSet()  # each tool's declared input schema is what middleware() lets through (declared.py)
+    tools_model.register(tools, config)
+    tools_spec.register(tools, config)
+    tools_plan.register(tools, config)
     if not config.read_only:
-        tools_probe.register(server, config)
-        conformance.register(server, config)
+        tools_probe.register(tools, config)
+        conformance.register(tools, config)
+    server = MCPServer("weightbridge", title="weightbridge", version=_version(), instructions=INSTRUCTIONS,
+                       log_level="WARNING", tools=list(tools.tools.values()))
     resources.register(server)
-    server.middleware.append(reject_unknown_arguments(server))
+    server.middleware.append(middleware(tools, server))
     worker.ZYGOTE.start()  # the tools' worker processes fork from it; it imports while the client connects
     return server
 
@@ -66,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--call-timeout", type=float, default=120.0, metavar="S",
                    help="wall-clock limit of one call's worker process (spec, plan, explain, inspect); default 120")
     p.add_argument("--worker-memory", type=int, default=4096, metavar="MB", help="address-space limit of a worker process")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where the server writes temporary files and caches, inside a root "
+                   "(default: ROOT/.weightbridge-mcp of the first --root)")
     args = p.parse_args(argv)
     for name, value in (("--max-timeout", args.max_timeout), ("--call-timeout", args.call_timeout),
                         ("--worker-memory", args.worker_memory)):
@@ -74,9 +81,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     for d in [*args.root, *([args.cwd] if args.cwd else [])]:
         if not os.path.isdir(d):
             p.error(f"{d}: not a directory")
-    return ServerConfig(base_dir=args.cwd or os.getcwd(), roots=tuple(args.root), read_only=args.read_only,
-                        max_timeout_s=args.max_timeout, call_timeout_s=args.call_timeout,
-                        worker_memory_mb=args.worker_memory)
+    try:
+        return ServerConfig(base_dir=args.cwd or os.getcwd(), roots=tuple(args.root), read_only=args.read_only,
+                            max_timeout_s=args.max_timeout, call_timeout_s=args.call_timeout,
+                            worker_memory_mb=args.worker_memory, state_dir=args.state_dir)
+    except ValueError as exc:  # a --state-dir outside the roots
+        p.error(f"--state-dir: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ MAX_PROBLEMS = 100
 
 SpecPath = Annotated[
     str | None,
-    Field(max_length=MAX_PATH_CHARS,
+    Field(min_length=1, max_length=MAX_PATH_CHARS,
           description="Path of a weightbridge spec (YAML) inside the server's roots, relative to its working directory."),
 ]
 SpecText = Annotated[
@@ -34,6 +34,18 @@ SpecText = Annotated[
     Field(max_length=MAX_SPEC_BYTES,
           description="The spec's YAML text instead of a path; relative model paths resolve against the working directory."),
 ]
+ONE_SPEC = ("spec_path", "spec_text")  # a tool taking a spec: exactly one of them (declared as oneOf)
+# A size of at least MIN_ROUND_BYTES (4096) as parse_bytes reads it, as a pattern a JSON Schema can declare:
+# >= 4096 without a unit (or B), >= 4 KiB, >= 5 KB, >= 1 of MB/MiB and above (the integer part decides).
+ROUND_BYTES_PATTERN = (  # spaces as [ \t]: engines disagree on what \s is (Python's includes \x1c-\x1f, Rust's not)
+    r"^[ \t]*0*(?:(?:409[6-9]|4[1-9][0-9]{2}|[5-9][0-9]{3}|[1-9][0-9]{4,})(?:\.[0-9]+)?[ \t]*[Bb]?"
+    r"|(?:[4-9]|[1-9][0-9]+)(?:\.[0-9]+)?[ \t]*[Kk][Ii][Bb]|(?:[5-9]|[1-9][0-9]+)(?:\.[0-9]+)?[ \t]*[Kk][Bb]"
+    r"|[1-9][0-9]*(?:\.[0-9]+)?[ \t]*[MmGgTt][Ii]?[Bb])[ \t]*$"
+)
+RoundBytesText = Annotated[str, Field(
+    pattern=ROUND_BYTES_PATTERN, max_length=64,
+    description="a size of at least 4KiB such as 256MiB: bytes (>= 4096), KiB (>= 4), KB (>= 5), or MB, MiB, GB, "
+    "GiB, TB, TiB (>= 1)")]
 Side = Annotated[Literal["trainer", "rollout"], Field(description="Which side of the spec: trainer or rollout.")]
 Rank = Annotated[int, Field(ge=0, description="Rank within the side (rollout ranks count across instances).")]
 

@@ -68,12 +68,14 @@ async def run_group(
     *,
     cwd: Path,
     timeout_s: float,
+    scratch: Path,
     env: dict[str, str] | None = None,
     on_tick: Callable[[float], Awaitable[None]] | None = None,
     output_limit: int = 64_000,
 ) -> Finished:
-    """Run ``argv`` to completion or ``timeout_s``; ``on_tick(elapsed)`` is awaited about every 0.2 s."""
-    with tempfile.TemporaryDirectory(prefix="wb-mcp-") as tmp:
+    """Run ``argv`` to completion or ``timeout_s``; ``on_tick(elapsed)`` is awaited about every 0.2 s.
+    Its stdout and stderr go to files in ``scratch`` (the call's directory, inside the roots)."""
+    with tempfile.TemporaryDirectory(prefix="wb-mcp-", dir=scratch) as tmp:
         out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
         start = time.monotonic()
         proc = await anyio.to_thread.run_sync(_spawn, argv, cwd, env, out_path, err_path)

@@ -1,13 +1,13 @@
 """Tool ``inspect_model``: a model's canonical tensors, grouped by name pattern (``weightbridge models NAME --json``)."""
 
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
 from mcp_server import specs, worker
-from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, excerpt, fail
+from mcp_server.declared import ToolSet
+from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, fail
 from weightbridge.canonical import CanonicalSourceError, bundled_names, load_canonical
 from weightbridge.canonical.describe import summarize
 from weightbridge.spec.models import DTYPE_NAMES
@@ -47,8 +47,6 @@ class ModelSummary(BaseModel):
 
 def inspect(config: ServerConfig, model: str, dtype: str | None) -> ModelSummary:
     """inspect_model's work (in a worker process: a big config can take long)."""
-    if dtype is not None and dtype not in DTYPE_NAMES:
-        raise fail("dtype", f"unknown dtype {excerpt(dtype)} (one of {', '.join(DTYPE_NAMES)})")
     source = specs.model_source(config, model, dtype)
     try:
         summary = summarize(load_canonical(source, config.base_dir))
@@ -58,10 +56,10 @@ def inspect(config: ServerConfig, model: str, dtype: str | None) -> ModelSummary
     return ModelSummary(model=source, **summary)
 
 
-def register(server: MCPServer, config: ServerConfig) -> None:
+def register(tools: ToolSet, config: ServerConfig) -> None:
     names = bundled_names()
 
-    @server.tool(title="Inspect a model's canonical tensors")
+    @tools.tool(title="Inspect a model's canonical tensors")
     async def inspect_model(
         model: Annotated[
             str,
@@ -72,7 +70,8 @@ def register(server: MCPServer, config: ServerConfig) -> None:
             ),
         ],
         dtype: Annotated[
-            str | None, Field(max_length=64, description="Floating dtype to assume instead of the checkpoint's (e.g. bfloat16).")
+            Literal[tuple(DTYPE_NAMES)] | None,  # type: ignore[valid-type]
+            Field(description="Floating dtype to assume instead of the checkpoint's (e.g. bfloat16)."),
         ] = None,
     ) -> ModelSummary:
         """The canonical tensors of a model (names, shapes, dtypes, byte totals), grouped by layer pattern.

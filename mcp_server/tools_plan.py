@@ -4,20 +4,32 @@
 import difflib
 from typing import Annotated, Literal
 
-from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcp_server import specs, worker
+from mcp_server.declared import ToolSet
 from mcp_server.roots import ServerConfig, excerpt, fail
 from weightbridge.layout.explain import explain_json, select_tensors
 from weightbridge.plan.network import PresetName
 from weightbridge.spec.errors import SpecErrors
-from weightbridge.spec import models as spec_models
-from weightbridge.spec.models import BYTES_PATTERN, parse_bytes
+from weightbridge.spec.models import MIN_ROUND_BYTES, parse_bytes
+from weightbridge.spec.sides import round_bytes_problem
 from weightbridge.ops.planning import plan_spec, top_imbalances
 
 MAX_EXPLAINED = 200
-MIN_ROUND_BYTES: int = getattr(spec_models, "MIN_ROUND_BYTES", 1)
+
+
+class Placement(BaseModel):
+    """Where the cost model puts the ranks (the assumption behind every predicted time)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sides: Literal["disjoint", "shared", "colocated"] = Field(
+        description="disjoint: each side on nodes of its own; shared: both sides on the same nodes; colocated: "
+        "trainer rank i and rollout rank i on one GPU")
+    ranks_per_node: int
+    trainer_nodes: int
+    rollout_nodes: int
+    text: str
 
 
 class PlanMetrics(BaseModel):
@@ -47,6 +59,7 @@ class PlanMetrics(BaseModel):
     baseline_stall_seconds: float
     sync_mode: str
     network: str
+    placement: Placement
     planning_seconds: float
     change_rate: float | None = Field(None, description="The change_rate asked for (expected share of elements a push changes)")
     delta_wire_bytes: int | None = Field(None, description="With delta updates (sync.delta) at change_rate: expected wire bytes")
@@ -100,10 +113,11 @@ def plan(config: ServerConfig, spec_path: str | None, spec_text: str | None, net
          round_bytes: int | str | None, receiver_dedup: str | None, imbalances: int,
          change_rate: float | None = None) -> PlanResult:
     """plan_transfer's work (in a worker process)."""
-    cap = parse_bytes(round_bytes) if round_bytes is not None else None
-    if cap is not None and cap < MIN_ROUND_BYTES:
-        raise fail("round_bytes", f"{cap} is below the minimum of {MIN_ROUND_BYTES} bytes (e.g. 64MiB)")
+    cap = parse_bytes(round_bytes) if round_bytes is not None else None  # >= MIN_ROUND_BYTES: declared
     resolved = specs.resolve(config, spec_path, spec_text)
+    too_fine = round_bytes_problem(resolved.rollout, cap) if cap is not None else None
+    if too_fine is not None:  # as `weightbridge plan --round-bytes` refuses it: planning would not end in seconds
+        raise fail("round_bytes", f"{too_fine[0]} ({too_fine[1]})")
     try:
         report = plan_spec(resolved, network=network, receiver_dedup=receiver_dedup, round_bytes=cap,
                            change_rate=change_rate)
@@ -130,8 +144,8 @@ def explain(config: ServerConfig, side: str, rank: int, tensor: str, spec_path: 
     return Explanation.model_validate(explain_json(layout, tensors))
 
 
-def register(server: MCPServer, config: ServerConfig) -> None:
-    @server.tool(title="Plan a weight transfer")
+def register(tools: ToolSet, config: ServerConfig) -> None:
+    @tools.tool(title="Plan a weight transfer", exactly_one_of=specs.ONE_SPEC)
     async def plan_transfer(
         spec_path: specs.SpecPath = None,
         spec_text: specs.SpecText = None,
@@ -139,8 +153,8 @@ def register(server: MCPServer, config: ServerConfig) -> None:
             PresetName | None, Field(description="Override the spec's network preset.")
         ] = None,
         round_bytes: Annotated[
-            Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=BYTES_PATTERN, max_length=64)] | None,
-            Field(description="Override sync.round_bytes: bytes or a size such as 256MiB."),
+            Annotated[int, Field(ge=MIN_ROUND_BYTES)] | specs.RoundBytesText | None,
+            Field(description="Override sync.round_bytes: bytes (at least 4096) or a size such as 256MiB."),
         ] = None,
         receiver_dedup: Annotated[
             Literal["auto", "on", "off"] | None,
@@ -164,7 +178,7 @@ def register(server: MCPServer, config: ServerConfig) -> None:
                                  spec_path=spec_path, spec_text=spec_text, network=network, round_bytes=round_bytes,
                                  receiver_dedup=receiver_dedup, imbalances=imbalances, change_rate=change_rate)
 
-    @server.tool(title="Explain a rank's local tensor")
+    @tools.tool(title="Explain a rank's local tensor", exactly_one_of=specs.ONE_SPEC)
     async def explain_tensor(
         side: specs.Side,
         rank: specs.Rank,

@@ -10,15 +10,15 @@ the spec's expansion of that rank.
 import json
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from mcp_server import specs, worker
+from mcp_server import scratch, specs, worker
+from mcp_server.declared import ToolSet
 from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, clip, fail
 from mcp_server.subproc import run_group
 
@@ -85,8 +85,8 @@ def compare(config: ServerConfig, spec_path: str, side: str, rank: int, probe: d
     )
 
 
-def register(server: MCPServer, config: ServerConfig) -> None:
-    @server.tool(title="Probe an engine's loader")
+def register(tools: ToolSet, config: ServerConfig) -> None:
+    @tools.tool(title="Probe an engine's loader")
     async def probe_layout(
         spec_path: Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS,
                                         description="Spec whose model: gives the canonical tensors (inside the server's roots).")],
@@ -101,10 +101,11 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         side: specs.Side = "rollout",
         rank: specs.Rank = 0,
         check: Annotated[bool, Field(description="Also diff the probed IR against the spec's expansion.")] = True,
-        output: Annotated[str | None, Field(max_length=MAX_PATH_CHARS,
+        output: Annotated[str | None, Field(min_length=1, max_length=MAX_PATH_CHARS,
                                             description="Write the probe JSON here (inside the server's roots).")] = None,
         overwrite: Annotated[bool, Field(description="Replace output if it exists.")] = False,
-        timeout_s: Annotated[int, Field(ge=1, description="Wall-clock limit for the probe subprocess.")] = 300,
+        timeout_s: Annotated[int, Field(ge=1, le=config.max_timeout_s, description="Wall-clock limit for the probe "
+                                        "subprocess (at most the server's --max-timeout).")] = min(300, config.max_timeout_s),
     ) -> ProbeReport:
         """Recover one rank's layout IR from the engine's own load_weights (the loader is the truth).
 
@@ -112,15 +113,15 @@ def register(server: MCPServer, config: ServerConfig) -> None:
         MODULE:CALLABLE. With check (default), compares the result with what the spec says that
         rank holds and lists the differences.
         """
-        config.check_timeout(timeout_s)
         ready = await worker.call(config, prepare, _Prepared, argument="spec_path", spec_path=spec_path, side=side,
                                   rank=rank, output=output, overwrite=overwrite)
-        with tempfile.TemporaryDirectory(prefix="wb-probe-") as tmp:
+        with scratch.call_dir(config, "wb-probe-") as tmp:  # inside the roots; the probe's TMPDIR
             out = Path(ready.target) if ready.target else Path(tmp) / "probe.json"
             argv = [sys.executable, "-m", "weightbridge", "probe", ready.spec, "--loader", loader,
                     "--side", side, "--rank", str(rank), "-o", str(out)]
             await ctx.report_progress(0, 1, f"probing {side} rank {rank} with {loader}")
-            fin = await run_group(argv, cwd=config.base_dir, timeout_s=timeout_s)
+            fin = await run_group(argv, cwd=config.base_dir, timeout_s=timeout_s, scratch=Path(tmp),
+                                  env=scratch.child_env(config, Path(tmp)))
             if fin.timed_out:
                 raise fail("timeout_s", f"the probe did not finish within {timeout_s} s; its process group was killed")
             if fin.returncode == 2:  # a user error the CLI explains on stderr

@@ -5,18 +5,19 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcp_server import specs, worker
+from mcp_server.declared import ToolSet
 from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, clip, excerpt, fail, write_text_atomic
 from weightbridge.canonical import bundled_names
 from weightbridge.ops.draft import draft_spec
-from weightbridge.spec.models import BYTES_PATTERN
 from weightbridge.spec.resolve import check_text
 
-Mesh = dict[Annotated[str, Field(pattern=r"^[a-z_]+$")], Annotated[int, Field(ge=1)]]
+TRAINER_AXES = Literal["tp", "pp", "dp", "cp", "ep", "etp", "dp_replicate"]  # the trainer presets' mesh axes
+ROLLOUT_AXES = Literal["tp", "pp", "ep"]
+Size = Annotated[int, Field(ge=1)]
 
 
 class TrainerSide(BaseModel):
@@ -24,7 +25,7 @@ class TrainerSide(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     framework: Literal["megatron", "fsdp2", "hf"] = Field(description="megatron (Megatron-Core), fsdp2 (FSDP2/DTensor) or hf")
-    mesh: Mesh = Field(
+    mesh: dict[TRAINER_AXES, Size] = Field(
         default_factory=dict,
         description="Mesh sizes by axis; megatron: tp, pp, dp, cp, ep, etp; fsdp2: dp, tp, cp, dp_replicate; hf: dp.",
     )
@@ -35,7 +36,7 @@ class RolloutSide(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     engine: Literal["vllm", "sglang", "hf"] = Field(description="vllm, sglang or hf")
-    mesh: Mesh = Field(default_factory=dict, description="Mesh sizes by axis: tp, pp, ep.")
+    mesh: dict[ROLLOUT_AXES, Size] = Field(default_factory=dict, description="Mesh sizes by axis: tp, pp, ep.")
     instances: int | None = Field(default=None, ge=1, description="Identical engine instances (default 1).")
 
 
@@ -122,12 +123,12 @@ def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None)
     )
 
 
-def register(server: MCPServer, config: ServerConfig) -> None:
-    _register_generate(server, config)
-    _register_validate(server, config)
+def register(tools: ToolSet, config: ServerConfig) -> None:
+    _register_generate(tools, config)
+    _register_validate(tools, config)
 
 
-def _register_generate(server: MCPServer, config: ServerConfig) -> None:
+def _register_generate(tools: ToolSet, config: ServerConfig) -> None:
     async def run(**kwargs: Any) -> GeneratedSpec:
         kwargs["trainer"], kwargs["rollout"] = kwargs["trainer"].model_dump(), kwargs["rollout"].model_dump()
         return await worker.call(config, generate, GeneratedSpec, argument="model", **kwargs)
@@ -136,8 +137,8 @@ def _register_generate(server: MCPServer, config: ServerConfig) -> None:
                                     description="Bundled model name, or a HF config.json or safetensors path inside the "
                                     "server's roots (written relative to the spec's directory).")]
     ModeArg = Annotated[Literal["sync", "async", "colocated"] | None, Field(description="Update mode (default sync).")]
-    RoundArg = Annotated[str | None, Field(pattern=BYTES_PATTERN, max_length=64,
-                                           description="Per-rank wire cap per round, e.g. 256MiB (default 1GiB).")]
+    RoundArg = Annotated[specs.RoundBytesText | None, Field(description="Per-rank wire cap per round, e.g. 256MiB "
+                                                            "(default 1GiB).")]
     TransportArg = Annotated[Literal["auto", "nccl", "gloo"] | None, Field(
         description="sync.transport (default auto: NCCL for CUDA tensors, else Gloo); gloo (CPU) also makes the "
         "default network cpu-gloo.")]
@@ -153,25 +154,25 @@ def _register_generate(server: MCPServer, config: ServerConfig) -> None:
             return await run(model=model, trainer=trainer, rollout=rollout, mode=mode, round_bytes=round_bytes,
                              transport=transport, network=network)
 
-        server.add_tool(generate_spec, title="Draft a spec", description=doc)
+        tools.add_tool(generate_spec, title="Draft a spec", description=doc)
         return
 
     async def generate_spec(  # the variant that can write
         model: ModelArg, trainer: TrainerSide, rollout: RolloutSide, mode: ModeArg = None, round_bytes: RoundArg = None,
         transport: TransportArg = None, network: NetworkArg = None,
-        write_to: Annotated[str | None, Field(max_length=MAX_PATH_CHARS,
+        write_to: Annotated[str | None, Field(min_length=1, max_length=MAX_PATH_CHARS,
                                               description="Also write the spec to this file (inside the server's roots).")] = None,
         overwrite: Annotated[bool, Field(description="Replace write_to if it exists.")] = False,
     ) -> GeneratedSpec:
         return await run(model=model, trainer=trainer, rollout=rollout, mode=mode, round_bytes=round_bytes,
                          transport=transport, network=network, write_to=write_to, overwrite=overwrite)
 
-    server.add_tool(generate_spec, title="Draft a spec",
+    tools.add_tool(generate_spec, title="Draft a spec",
                     description=doc + " With write_to, the spec is also written there (only inside the allowed roots).")
 
 
-def _register_validate(server: MCPServer, config: ServerConfig) -> None:
-    @server.tool(title="Validate a spec")
+def _register_validate(tools: ToolSet, config: ServerConfig) -> None:
+    @tools.tool(title="Validate a spec", exactly_one_of=specs.ONE_SPEC)
     async def validate_spec(spec_path: specs.SpecPath = None, spec_text: specs.SpecText = None) -> ValidationReport:
         """Check a spec (schema, model, mesh divisibility, coverage) and list every problem with its JSON path and line.
 

@@ -15,9 +15,10 @@ closes (the server exited); a worker dies with the zygote (``PR_SET_PDEATHSIG``)
 own session, address-space limit (``worker_memory_mb``) and CPU-time limit.
 
 In the worker an audit hook refuses to open (or list) any path outside the roots, except what
-the interpreter itself needs (its installation, the weightbridge packages, the canonical-model
-cache, /dev, /proc and /sys but no ``environ``): a spec inside a root cannot point a model
-path or a checkpoint shard at a file outside.
+the interpreter itself needs (its installation, the weightbridge packages, /dev, /proc and /sys
+but no ``environ``): a spec inside a root cannot point a model path or a checkpoint shard at a
+file outside. Its job directory (its ``TMPDIR``) and its caches lie inside the roots
+(:mod:`mcp_server.scratch`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from mcp_server import scratch
 from mcp_server.roots import ServerConfig, clip, fail
 
 T = TypeVar("T")
@@ -116,7 +118,7 @@ async def call(config: ServerConfig, fn: Callable[..., Any], result_type: type[T
     as a ToolError naming ``argument`` (the input it was working on) with the exception type only.
     The worker is killed after ``config.call_timeout_s`` or when the awaiting task is cancelled.
     """
-    job = Path(tempfile.mkdtemp(prefix="wb-mcp-job-"))
+    job = Path(tempfile.mkdtemp(prefix="wb-mcp-job-", dir=scratch.tmp_root(config)))  # inside the roots
     try:
         request = {"target": f"{fn.__module__}:{fn.__qualname__}", "config": config.to_json(), "argument": argument,
                    "kwargs": kwargs}
@@ -162,7 +164,6 @@ def _allowed_dirs(config: ServerConfig, job: Path) -> tuple[list[str], list[str]
     import site
 
     import weightbridge
-    from weightbridge.canonical.hf_config import default_cache_dir
 
     dirs = {str(r) for r in config.roots} | {str(job)}
     dirs |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
@@ -171,7 +172,6 @@ def _allowed_dirs(config: ServerConfig, job: Path) -> tuple[list[str], list[str]
     except AttributeError:  # pragma: no cover - a virtualenv's old site module
         pass
     dirs |= {os.path.realpath(os.path.dirname(weightbridge.__file__)), os.path.realpath(os.path.dirname(__file__))}
-    dirs.add(os.path.realpath(default_cache_dir()))
     return sorted(dirs), ["/dev", "/proc", "/sys"]
 
 
@@ -244,6 +244,9 @@ def run_job(job: Path) -> dict[str, Any]:
         fn = getattr(importlib.import_module(module), name)
         os.chdir(config.base_dir)
         os.environ["TMPDIR"] = tempfile.tempdir = str(job)
+        # Caches inside the roots too (the canonical model cache reads WEIGHTBRIDGE_CACHE_DIR at each load).
+        os.environ.update({k: v for k, v in scratch.child_env(config, job).items()
+                           if k in (scratch.CACHE_ENV, "XDG_CACHE_HOME")})
         _limits(config)
         _guard(config, job)
         out = fn(config, **request["kwargs"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -42,8 +43,14 @@ def in_process(mode: str, **config: Any) -> Client:
 
 
 def over_stdio(mode: str, *args: str, cwd: Path = ROOT) -> Client:
-    """A Client talking to ``python -m mcp_server.server ARGS`` over stdio, as an MCP host runs it."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server.server", *args], cwd=str(cwd))
+    """A Client talking to ``python -m mcp_server.server ARGS`` over stdio, as an MCP host runs it.
+
+    With this process's environment (less pytest's own variables): the SDK would pass only HOME, PATH,
+    ..., and without PYTHONPATH a checkout's server would be whatever ``mcp_server`` is installed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server.server", *args], cwd=str(cwd),
+                                   env=env)
     return Client(params, mode=mode, read_timeout_seconds=SESSION_DEADLINE_S)
 
 

@@ -54,7 +54,7 @@ def test_probe_matches_the_spec_and_writes_inside_roots(tmp_path: Path) -> None:
 BAD = [
     ({"loader": "no_such_module_xyz:f"}, "loader 'no_such_module_xyz:f': cannot import no_such_module_xyz"),
     ({"loader": "tests.probe._zoo:no_such_factory"}, "loader 'tests.probe._zoo:no_such_factory': tests.probe._zoo has no"),
-    ({"loader": "-c import os"}, "loader\n  String should match pattern"),
+    ({"loader": "-c import os"}, "loader: '-c import os' does not match ^[A-Za-z_]"),
     ({"loader": ZOO, "rank": 4}, "rank: 4 is out of range: the rollout has ranks 0..3"),
     ({"loader": ZOO, "output": "/etc/probe.json"}, "output: /etc/probe.json is outside the allowed roots"),
     ({"loader": ZOO, "spec_path": "tests/spec/data/five_mistakes.yaml"}, "spec_path: the spec has 5 problem(s)"),

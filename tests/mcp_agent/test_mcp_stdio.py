@@ -60,11 +60,11 @@ def test_stdio_session_good_and_bad_calls(mode: str, tmp_path: Path) -> None:
     expect = {
         "inspect_model": "model: unknown bundled model 'gpt-17'",
         "validate_spec": f"spec_path: {tmp_path / 'missing.yaml'}: no such file",
-        "plan_transfer": "receiver_dedup\n  Input should be 'auto', 'on' or 'off'",
+        "plan_transfer": 'receiver_dedup: \'maybe\' is not one of "auto", "on", "off"',
         "explain_tensor": "rank: 2 is out of range: the trainer has ranks 0..1",
         "generate_spec": "write_to: /etc/wb.yaml is outside the allowed roots",
         "run_conformance": "tests[0]: / is outside the allowed roots",
-        "probe_layout": "loader\n  String should match pattern",
+        "probe_layout": "loader: 'x' does not match ^[A-Za-z_]",
     }
     assert {name: expect[name] in error_text(r, name) for name, r in bad.items()} == dict.fromkeys(expect, True)
 

@@ -132,7 +132,7 @@ def test_generate_spec_drafts_a_valid_spec_and_writes_only_inside_roots(mode: st
     assert "exists; pass overwrite=true" in error_text(results[3], "generate_spec")
     replaced = ok(results[4])
     assert replaced["written_to"] == str(root / "wb.yaml") and replaced["yaml"] != draft["yaml"]
-    assert (root / "wb.yaml").read_text() == replaced["yaml"] and sorted(p.name for p in root.iterdir()) == ["wb.yaml"]
+    assert (root / "wb.yaml").read_text() == replaced["yaml"] and sorted(p.name for p in root.iterdir()) == [".weightbridge-mcp", "wb.yaml"]
 
 
 def test_read_only_hides_tools_that_write_or_run_code(mode: str) -> None:
@@ -151,30 +151,30 @@ BAD_CALLS = [
     # (tool, arguments, text the error must contain, naming the field or JSON path)
     ("inspect_model", {"model": "tiny-qwen9"}, "model: unknown bundled model 'tiny-qwen9'"),
     ("inspect_model", {"model": "no/such/config.json"}, "model: "),
-    ("inspect_model", {"model": "tiny-qwen2", "dtype": "float13"}, "dtype: unknown dtype 'float13'"),
-    ("inspect_model", {}, "model\n  Field required"),
+    ("inspect_model", {"model": "tiny-qwen2", "dtype": "float13"}, "dtype: 'float13' is not one of \"BF16\""),
+    ("inspect_model", {}, "model: required"),
     ("generate_spec", {"model": "tiny-qwen2", "trainer": {"framework": "fsdp2", "mesh": {"dp": 2}},
                        "rollout": {"engine": "vllm", "mesh": {"tp": 3}}}, "rollout.mesh.tp: "),
     ("generate_spec", {"model": "tiny-qwen2", "trainer": {"framework": "fsdp2", "mesh": {"ep": 2}},
                        "rollout": {"engine": "vllm"}}, "trainer.mesh.ep: unknown mesh axis 'ep'"),
     ("generate_spec", {"model": "tiny-qwen2", "trainer": {"framework": "deepspeed"}, "rollout": {"engine": "vllm"}},
-     "trainer.framework\n  Input should be 'megatron', 'fsdp2' or 'hf'"),
+     'trainer.framework: \'deepspeed\' is not one of "megatron", "fsdp2", "hf"'),
     ("generate_spec", {"model": "tiny-qwen2", "trainer": {"framework": "hf"}, "rollout": {"engine": "vllm", "mesh": {"tp": 0}}},
-     "rollout.mesh.tp\n  Input should be greater than or equal to 1"),
+     "rollout.mesh.tp: 0 is below the minimum of 1"),
     ("generate_spec", {"model": "qwen-99b", "trainer": {"framework": "hf"}, "rollout": {"engine": "vllm"}},
      "model: 'qwen-99b' is neither a file nor a bundled model"),
     ("validate_spec", {"spec_path": "nope.yaml"}, "spec_path: "),
     ("validate_spec", {}, "spec_path: give exactly one of spec_path or spec_text"),
     ("plan_transfer", {"spec_path": FIVE_MISTAKES}, "$.rollout.preset: 'vlm' is not allowed here (did you mean 'vllm'?)"),
-    ("plan_transfer", {"spec_path": TINY, "network": "h900"}, "network\n  Input should be 'h100', 'h200', 'gb200' or 'cpu-gloo'"),
+    ("plan_transfer", {"spec_path": TINY, "network": "h900"}, 'network: \'h900\' is not one of "h100", "h200", "gb200", "cpu-gloo"'),
     ("plan_transfer", {"spec_path": TINY, "round_bytes": "lots"}, "round_bytes"),
     ("plan_transfer", {"spec_path": TINY, "round_byte": 5}, "round_byte: unknown argument; did you mean 'round_bytes'?"),
     ("explain_tensor", {"spec_path": TINY, "side": "rollout", "rank": 9, "tensor": "*"},
      "rank: 9 is out of range: the rollout has ranks 0..3"),
     ("explain_tensor", {"spec_path": TINY, "side": "rollout", "rank": -1, "tensor": "*"},
-     "rank\n  Input should be greater than or equal to 0"),
+     "rank: -1 is below the minimum of 0"),
     ("explain_tensor", {"spec_path": TINY, "side": "sideways", "rank": 0, "tensor": "*"},
-     "side\n  Input should be 'trainer' or 'rollout'"),
+     'side: \'sideways\' is not one of "trainer", "rollout"'),
     ("explain_tensor", {"spec_path": TINY, "side": "rollout", "rank": 1, "tensor": QKV0[:-1]},
      f"tensor: no local tensor of rollout rank 1 matches '{QKV0[:-1]}'; did you mean {QKV0}"),
     ("explain_tensor", {"spec_text": "version: 1\nmodel: {bundled: tiny-qwen2}\n", "side": "rollout", "rank": 0,

@@ -38,11 +38,28 @@ class _Parser(argparse.ArgumentParser):
 _COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models", "demo", "probe", "diff", "examples", "docs", "store", "secret")
 
 
+DISTRIBUTION = "weightbridge-rl"  # the name pip knows it by; `import weightbridge`, command `weightbridge`
+
+
+def version_line() -> str:
+    """``weightbridge --version``: the version, and the distribution's name (``pip show weightbridge`` finds nothing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from weightbridge import __version__
+
+    try:
+        installed = version(DISTRIBUTION)
+    except PackageNotFoundError:  # a source checkout on PYTHONPATH, not installed
+        return f"weightbridge {__version__} (not installed as a distribution; pip knows it as {DISTRIBUTION})"
+    return f"weightbridge {installed} (distribution {DISTRIBUTION}: pip show {DISTRIBUTION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="weightbridge",
         description="Move updated model weights from RL trainers to rollout engines: exact bytes, once, balanced.",
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMANDS:
         try:

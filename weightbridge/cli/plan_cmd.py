@@ -1,5 +1,8 @@
 """``weightbridge plan SPEC [--json] [--render plan.png]``: plan one update, validate it, price it.
 
+The output states where the cost model places the ranks (``placement``: which nodes each side's
+ranks are on), the assumption every predicted time rests on.
+
 Exit codes: 0 the plan is valid; 1 the plan has problems (listed); 2 user error (the spec has
 errors, a bad option, an output path that cannot be written).
 
@@ -118,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
     from weightbridge.plan.render import balance_reason, summary_table
 
     console = Console(soft_wrap=True, highlight=False)
-    console.print(summary_table(m, plan, title=f"weightbridge plan {escape(str(args.spec))}"))
+    cpu = report.network.name == "cpu-gloo" or resolved.sync.transport == "gloo"  # no GPU to stall
+    console.print(summary_table(m, plan, title=f"weightbridge plan {escape(str(args.spec))}", gpus=not cpu))
+    console.print(f"placement: {escape(m['placement']['text'])} (the network model's assumption; a spec's "
+                  f"network: {{preset: {escape(m['network'])}, ranks_per_node: N, shared_nodes: true|false}} changes it)")
     reason = balance_reason(m)
     if reason:
         console.print(f"note: {escape(reason)}")

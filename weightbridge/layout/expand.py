@@ -26,6 +26,7 @@ from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, Side
 from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder, named_pieces, relative_pieces
 from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
 from weightbridge.layout.model_facts import LAYER, model_facts
+from weightbridge.layout.rule_axes import axes_used, coordinate_sensitive, rule_axes
 from weightbridge.layout.rules import Rule
 from weightbridge.layout.templates import CanonicalPattern, Filler, TemplateError
 
@@ -103,6 +104,7 @@ class _Expander(TensorBuilder):
         self.model = model
         self.facts = facts = model_facts(model)
         self.problems: list[ExpandProblem] = []
+        self._seen: set[ExpandProblem] = set()
         self.sizes = cfg.family.sizes(cfg.mesh)
         self.names: dict[str, Any] = {**PARAM_DEFAULTS, **model.param_dict, **cfg.params, **self.sizes}
         self.names.setdefault("num_layers", facts.num_layers)
@@ -116,7 +118,8 @@ class _Expander(TensorBuilder):
 
     def problem(self, msg: str, hint: str = "", origin: Origin | None = None, axis: str = "", field: str = "") -> None:
         p = ExpandProblem(msg, hint, origin, axis, field)
-        if p not in self.problems:
+        if p not in self._seen:  # a set: a failing rule reports once per binding (10^4 of them)
+            self._seen.add(p)
             self.problems.append(p)
 
     # ---- rank-independent: match templates ------------------------------------------------
@@ -208,11 +211,16 @@ class _Expander(TensorBuilder):
             self._int_cache[expr] = evaluate_int(expr, self.names)
         return self._int_cache[expr]
 
-    def expand_rank(self, coords: Mapping[str, int], stage: int, layers: range) -> tuple[LocalTensor, ...]:
+    def expand_rank(self, coords: Mapping[str, int], stage: int, layers: range,
+                    only: Collection[int] | None = None) -> tuple[LocalTensor, ...]:
+        """The rank's local tensors (sorted by name); ``only``: positions in ``compiled`` of the rules
+        to expand (the others are skipped: a problem search, see :func:`expand_side`)."""
         pp = self.sizes.get("pp", 1)
         out: dict[str, LocalTensor] = {}
         wanted_layers = [None, *layers] if pp > 1 else list(self._all_layers)
-        for cr in self.compiled:
+        for i, cr in enumerate(self.compiled):
+            if only is not None and i not in only:
+                continue
             rule = cr.rule
             try:
                 expert_window = None
@@ -344,15 +352,39 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
         )
     stages = stage_layers(num_layers, pp, explicit, cfg.pp_style)
     per_instance = cfg.family.world_size(cfg.mesh)
-    used_axes = sorted(_axes_used(cfg.rules) | {"pp"})
+    used_axes = sorted(axes_used(cfg.rules) | {"pp"})
+    all_coords = [cfg.family.coords(cfg.mesh, r) for r in range(per_instance)]
     cache: dict[tuple[int, ...], tuple[LocalTensor, ...]] = {}
+
+    def expand(coords: dict[str, int], only: Collection[int] | None = None) -> tuple[LocalTensor, ...]:
+        stage = coords.get("pp", 0)
+        return ex.expand_rank(coords, stage, stages[stage] if stages else range(0), only)
+
+    # Sizes are refused before the full expansion: first the representative ranks (the first rank of
+    # each pipeline stage and expert slice: together they hold every binding), where every problem
+    # that does not depend on the rank's shard coordinates shows. Problems there refuse the side; the
+    # other ranks are searched only with the rules whose problems can depend on those coordinates.
+    keys = [tuple(coords.get(a, 0) for a in used_axes) for coords in all_coords]
+    selectors = sorted(_selector_axes(ex.compiled) | {"pp"})
+    seen: set[tuple[int, ...]] = set()
+    for coords, key in zip(all_coords, keys):
+        selector = tuple(coords.get(a, 0) for a in selectors)
+        if selector not in seen:
+            seen.add(selector)
+            if key not in cache:
+                cache[key] = expand(coords)
+    if ex.problems:
+        sensitive = {i for i, cr in enumerate(ex.compiled) if coordinate_sensitive(cr.rule)}
+        searched: set[tuple[int, ...]] = set(cache)
+        for coords, key in zip(all_coords, keys):
+            if sensitive and key not in searched:
+                searched.add(key)
+                expand(coords, sensitive)
+        return SideLayout(cfg.side, (), cfg.instances), ex.problems
     template: list[tuple[dict[str, int], tuple[LocalTensor, ...]]] = []
-    for local_rank in range(per_instance):
-        coords = cfg.family.coords(cfg.mesh, local_rank)
-        key = tuple(coords.get(a, 0) for a in used_axes)
+    for coords, key in zip(all_coords, keys):
         if key not in cache:
-            stage = coords.get("pp", 0)
-            cache[key] = ex.expand_rank(coords, stage, stages[stage] if stages else range(0))
+            cache[key] = expand(coords)
         template.append((coords, cache[key]))
     ranks = []
     for inst in range(cfg.instances):
@@ -370,32 +402,15 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
     return SideLayout(cfg.side, tuple(ranks), cfg.instances), ex.problems
 
 
-def rule_axes(rule: Rule) -> list[tuple[str, str]]:
-    """Every mesh axis ``rule`` names, with the field naming it (``concat.parts[1].shard[0].axis``).
-    ``expert_axis`` counts only where the rule binds ``{expert}`` without stacking."""
-    out: list[tuple[str, str]] = []
-    body = "concat" if rule.concat is not None else "interleave" if rule.interleave is not None else ""
-    for k, part in enumerate(rule.parts()):
-        prefix = f"{body}.parts[{k}]." if body else ""
-        out += [(op.axis, f"{prefix}shard[{j}].axis") for j, op in enumerate(part.shard)]
-    if rule.interleave is not None and rule.interleave.axis:
-        out.append((rule.interleave.axis, "interleave.axis"))
-    if rule.stack is not None:
-        if rule.stack.axis:
-            out.append((rule.stack.axis, "stack.axis"))
-    elif any("{expert}" in p.canonical for p in rule.parts()):
-        out.append((rule.expert_axis, "expert_axis"))
-    return out
-
-
-def _axes_used(rules: Sequence[tuple[Rule, Origin]]) -> set[str]:
+def _selector_axes(compiled: Sequence[_CompiledRule]) -> set[str]:
+    """The mesh axes whose coordinate selects which bindings a rank holds (besides ``pp``): the
+    axis owning ``{expert}`` of each rule binding experts (stacked or not)."""
     axes: set[str] = set()
-    for rule, _ in rules:
-        for part in rule.parts():
-            axes.update(op.axis for op in part.shard)
-        if rule.interleave is not None and rule.interleave.axis:
-            axes.add(rule.interleave.axis)
-        if rule.stack is not None and rule.stack.axis:
-            axes.add(rule.stack.axis)
-        axes.add(rule.expert_axis)
+    for cr in compiled:
+        rule = cr.rule
+        if rule.stack is not None:
+            if rule.stack.axis:
+                axes.add(rule.stack.axis)
+        elif any("expert" in b.values for b in cr.bindings[:1]):
+            axes.add(rule.expert_axis)
     return axes

@@ -26,6 +26,9 @@ Keys (all always present):
 ``baseline_stall_seconds`` average GPU stall, baseline, in ``sync_mode``
 ``sync_mode``              sync | async | colocated
 ``network``                network preset name
+``placement``              where the cost model puts the ranks: ``{"sides": "disjoint" | "shared" | "colocated",
+                           "ranks_per_node", "trainer_nodes", "rollout_nodes", "text"}``
+                           (:meth:`~weightbridge.plan.network.NetworkModel.placement`)
 ``planning_seconds``       wall time of ``build_plan``, as measured by the caller (0.0 when not given)
 ``change_rate``            the expected share of elements changed per push (``plan --change-rate``), or null
 ``delta_wire_bytes``       with deltas (``sync.delta``) at ``change_rate``: expected wire bytes, or null
@@ -118,6 +121,7 @@ def plan_metrics(
         "baseline_stall_seconds": base_stall,
         "sync_mode": sync_mode,
         "network": network.name,
+        "placement": network.placement(trainer.world_size, rollout.world_size),
         "planning_seconds": planning_seconds,
         "change_rate": change_rate,
         "delta_wire_bytes": None if delta_wire is None else int(delta_wire),

@@ -117,6 +117,31 @@ class NetworkModel:
         return out
 
 
+    def placement(self, trainer_ranks: int, rollout_ranks: int) -> dict[str, object]:
+        """Where the cost model puts the ranks (``plan --json``'s ``placement``): ``sides`` is colocated,
+        shared (the two sides' ranks on the same nodes) or disjoint; node counts per side; ``text`` says it."""
+        n = self.ranks_per_node
+        if self.hosts is not None:
+            shared = sum(1 for t, r in self.hosts if t and r)
+            text = (f"network.hosts: {len(self.hosts)} host(s), "
+                    + ", ".join(f"host {h}: {t} trainer + {r} rollout" for h, (t, r) in enumerate(self.hosts))
+                    + " (ranks in order, trainer and rollout numbered separately)")
+            return {"sides": "shared" if shared else "disjoint", "ranks_per_node": n, "hosts": len(self.hosts),
+                    "trainer_nodes": sum(1 for t, _ in self.hosts if t),
+                    "rollout_nodes": sum(1 for _, r in self.hosts if r), "text": text}
+        t_nodes, r_nodes = -(-trainer_ranks // n), -(-rollout_ranks // n)
+        if self.colocated:
+            sides, text = "colocated", (f"colocated: trainer rank i and rollout rank i share GPU i, {n} per node "
+                                        f"({t_nodes} node(s))")
+        elif self.shared_nodes:
+            sides, text = "shared", (f"both sides on the same {max(t_nodes, r_nodes)} node(s), {n} ranks per node: "
+                                     f"trainer rank s and rollout rank r share a node iff s // {n} == r // {n}")
+        else:
+            sides, text = "disjoint", (f"trainer ranks on {t_nodes} node(s), rollout ranks on {r_nodes} other "
+                                       f"node(s), {n} ranks per node (rank r on node r // {n} of its side): every "
+                                       "trainer -> rollout byte crosses the NICs")
+        return {"sides": sides, "ranks_per_node": n, "trainer_nodes": t_nodes, "rollout_nodes": r_nodes, "text": text}
+
 @lru_cache(maxsize=64)
 def _host_ends(hosts: tuple[tuple[int, int], ...], i: int) -> tuple[int, ...]:
     """Cumulative rank counts of side ``i`` (0 trainer, 1 rollout) over ``hosts``: host ``h`` holds

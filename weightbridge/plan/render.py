@@ -29,7 +29,9 @@ def balance_reason(m: dict[str, Any]) -> str | None:
     return f"sender balance {bal:.3f} exceeds {BALANCE_LIMIT} and the layouts' limit {bound:.3f}"
 
 
-def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbridge plan"):
+def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbridge plan", *, gpus: bool = True):
+    """The summary of ``plan --json``'s ``m``; ``gpus`` False (a CPU / Gloo spec): the stall row names ranks,
+    not GPUs."""
     from rich.table import Table
 
     t = Table(title=title, show_header=True, header_style="bold")
@@ -64,7 +66,7 @@ def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbri
         t.add_row("with deltas", f"{m['predicted_delta_seconds']:.4g} s",
                   f"sync.delta at {m['change_rate']:.3g} changed: {human_bytes(m['delta_wire_bytes'])} on the wire")
     t.add_row("baseline", f"{m['baseline_seconds']:.4g} s", "gather-then-broadcast, same network")
-    t.add_row(f"GPU stall ({m['sync_mode']})", f"{m['stall_seconds']:.4g} s",
+    t.add_row(f"{'GPU' if gpus else 'rank'} stall ({m['sync_mode']})", f"{m['stall_seconds']:.4g} s",
               f"baseline {m['baseline_stall_seconds']:.4g} s"
               + (f" ({m['baseline_stall_seconds'] / m['stall_seconds']:.1f}x)" if m["stall_seconds"] else ""))
     t.add_row("planning", f"{m['planning_seconds']:.3f} s", f"network {m['network']}")

@@ -97,7 +97,11 @@ def side_pass(side: str, spec_side: SideSpec, model: CanonicalModel, col: Collec
         _, message = _locate(side, spec_side, cfg, group[0])
         if len(group) > 1:
             message += f" (and {len(group) - 1} more problem(s) here)"
-        col.add(path, message, group[0].hint)
+        hint, axis = group[0].hint, group[0].axis
+        if axis and axis not in spec_side.mesh and axis in cfg.family.sizes({}):  # a size the spec never wrote
+            how = f", as `weightbridge presets {spec_side.preset}` says" if spec_side.preset != NO_PRESET else ""
+            hint += f"{'; ' if hint else ''}{axis} is not in the mesh: its size follows from the others{how}"
+        col.add(path, message, hint)
     if problems:
         return None
     found = _tiling(layout, model, skip=clones)

@@ -77,13 +77,15 @@ def load_yaml(text: str, file: str = "<spec>") -> YamlSource:
     try:
         _check_bounds(text)
         node = yaml.compose(text, Loader=_YAML_LOADER)
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids: it has a position, not a mark
+        raise _forbidden_character(text, exc) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         msg = getattr(exc, "problem", None) or str(exc)
         if "maximum nesting depth" in msg:  # libyaml >= 0.2.5 (PyYAML 6.0.4 wheels) scans ahead of our bound
             raise YamlSyntaxError(f"nesting deeper than {MAX_DEPTH} levels", line, _DEEP_HINT) from None
-        raise YamlSyntaxError(f"YAML syntax error: {excerpt(msg)}", line) from None
+        raise YamlSyntaxError(f"YAML syntax error: {excerpt(' '.join(str(msg).split()))}", line) from None
     src = YamlSource(data=None, file=file)
     if node is None:
         src.data = None
@@ -145,6 +147,18 @@ def _check_bounds(text: str) -> None:
         if stack:
             stack[-1][1] += nodes
             stack[-1][2] = max(stack[-1][2], height)
+
+
+def _forbidden_character(text: str, exc: yaml.reader.ReaderError) -> YamlSyntaxError:
+    """The error for a character YAML does not allow (a NUL byte, another control character), at its line
+    and column (PyYAML's own message spans two lines and names only an offset)."""
+    pos = exc.position if isinstance(exc.position, int) and 0 <= exc.position <= len(text) else 0
+    line = text.count("\n", 0, pos) + 1
+    column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else ord(text[pos]) if pos < len(text) else 0
+    what = "a NUL byte" if code == 0 else f"character U+{code:04X}"
+    return YamlSyntaxError(f"{what} at column {column}: YAML text may not contain control characters", line,
+                           "remove it: a spec is plain UTF-8 text")
 
 
 def _too_deep(ev: yaml.Event) -> None:
