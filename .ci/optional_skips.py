@@ -2,7 +2,7 @@
 
 Phase 1 runs the whole suite in a venv with only ``.[dev]`` and writes the node ids of every test
 or module that skipped with weightbridge's install hint (``pip install 'weightbridge-rl[EXTRA]'``,
-see ``weightbridge/testing/optional.py``) to ``$WB_CI_SKIPS``. Phase 2 installs the extras and runs
+see ``weightbridge/testing/_internal/optional.py``) to ``$WB_CI_SKIPS``. Phase 2 installs the extras and runs
 exactly those ids with ``WEIGHTBRIDGE_REQUIRE_*=1``: every test runs once, and none that needs an
 extra can skip in both phases. Loaded with ``-p optional_skips`` and ``.ci`` on ``PYTHONPATH``.
 The file is appended to (also by pytest-xdist workers): empty it first, ``sort -u`` it after.

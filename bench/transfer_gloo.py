@@ -53,7 +53,7 @@ from weightbridge.tensors import (
     torch_dtype,
     write_canonical,
 )
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 
 FILL = 3.0
 

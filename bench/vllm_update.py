@@ -58,9 +58,9 @@ def main() -> int:
         return run_server(args)
 
     from weightbridge.bridge import BridgeOptions
-    from weightbridge.testing import vllm_selfcheck as sc
+    from weightbridge.testing._internal import vllm_selfcheck as sc
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store
 
     work = Path(tempfile.mkdtemp(prefix="wb-bench-vllm-"))
@@ -126,9 +126,9 @@ def overrides(args: argparse.Namespace) -> dict:
 def run_server(args: argparse.Namespace) -> int:
     """The ``--server`` case: one ``vllm serve`` (subprocess), 2 FSDP2 trainer ranks whose rank 0 drives it."""
     from weightbridge.sync.auth import ensure_env_secret
-    from weightbridge.testing import vllm_online as online
-    from weightbridge.testing import vllm_selfcheck as sc
-    from weightbridge.testing.localrun import launch
+    from weightbridge.testing._internal import vllm_online as online
+    from weightbridge.testing._internal import vllm_selfcheck as sc
+    from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # the trainers (launch) and the server's workers inherit the job secret

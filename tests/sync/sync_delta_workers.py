@@ -16,7 +16,7 @@ import torch
 import sync_mp_workers as W
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import TornModelError
-from weightbridge.testing.verify import mismatches
+from weightbridge.testing._internal.verify import mismatches
 from weightbridge.tensors import materialize
 
 LR = 2e-5

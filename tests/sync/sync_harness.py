@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
-from weightbridge.testing.verify import mismatches
+from weightbridge.testing._internal.verify import mismatches
 from weightbridge.tensors import materialize, torch_dtype
 
 from sync_fakes import StoreDataPlane

@@ -16,7 +16,7 @@ import torch
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
 from weightbridge.errors import BridgeError
 from weightbridge.spec.resolve import load_spec
-from weightbridge.testing.verify import mismatches
+from weightbridge.testing._internal.verify import mismatches
 from weightbridge.transport.errors import TransportError
 from weightbridge.tensors import materialize, torch_dtype
 from weightbridge.transport.store import open_store

@@ -1,4 +1,4 @@
-"""Process bodies for the multiprocess bridge tests (run through ``testing.localrun.launch``).
+"""Process bodies for the multiprocess bridge tests (run through ``weightbridge.localrun.launch``).
 
 Each returns a list of plain events (tuples) the test asserts on. The parent hosts the
 TCPStore (port 0, no race) so that killing trainer 0 never takes the store down with it.
@@ -14,7 +14,7 @@ import torch
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError, TornModelError
-from weightbridge.testing.verify import mismatches
+from weightbridge.testing._internal.verify import mismatches
 from weightbridge.tensors import materialize, torch_dtype
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.store import open_store

@@ -17,7 +17,7 @@ import torch
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError, StoreUnreachable, TornModelError
 from weightbridge.tensors import materialize, torch_dtype
-from weightbridge.testing.verify import mismatches
+from weightbridge.testing._internal.verify import mismatches
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.store import open_store
 

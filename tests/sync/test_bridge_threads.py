@@ -228,7 +228,7 @@ def test_colocated_bridge_copies_plan_items_directly_bitwise_and_casts():
         assert bridge.version == v and not bridge.torn and stats.mode == "colocated"
         for x in r.rollout.ranks:
             assert trainer[0]["model.norm.weight"].dtype == torch.float32
-            from weightbridge.testing.verify import mismatches
+            from weightbridge.testing._internal.verify import mismatches
 
             assert mismatches(x, rollout[x.rank], canonical(r, v)) == []
 

@@ -34,8 +34,8 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One trainer rank: its own world (Gloo default group) + FSDP2 model; push after each step."""
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
     from weightbridge.demo.model import build_fsdp2_model
-    from weightbridge.testing.fsdp2 import FSDP2World
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.demo.fsdp2 import FSDP2World
+    from weightbridge.testing._internal.verify import mismatches
     from weightbridge.transport.store import open_store
 
     rank, world = job["rank"], job["num_trainers"]
@@ -84,7 +84,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
 def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout rank (one TP worker of one engine instance): serve, poll, apply, verify."""
     from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.testing._internal.verify import mismatches
     from weightbridge.tensors import empty_like_layout
     from weightbridge.transport.store import open_store
 

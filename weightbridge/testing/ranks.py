@@ -199,7 +199,7 @@ def _probe_unit(unit, resolved, rank: int) -> dict[str, Any]:
 
 def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
     """The unit's state after a failed update: torn flag, version, what apply() does, weights."""
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.testing._internal.verify import mismatches
 
     torn, version = unit.torn, unit.version
     apply_raised = None
@@ -218,7 +218,7 @@ def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
 
 def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout unit: build, then probe (layout) or poll/apply until the script's last version."""
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.testing._internal.verify import mismatches
     from weightbridge.tensors import diff_tensors
 
     ctx: RankContext = job["ctx"]

@@ -49,7 +49,7 @@ class SGLangRolloutUnit:
 
     def __init__(self, ctx: Any, **engine_kwargs: Any) -> None:
         from weightbridge.integrations.sglang.driver import SGLangWeightSync
-        from weightbridge.testing.sglang_selfcheck import make_engine
+        from weightbridge.testing._internal.sglang_selfcheck import make_engine
 
         resolved = ctx.resolved()
         self.ranks = tuple(ctx.ranks)

@@ -72,7 +72,7 @@ class VLLMRolloutUnit:
 
     def __init__(self, ctx: Any, **llm_kwargs: Any) -> None:
         from weightbridge.integrations.vllm.driver import VLLMWeightSync
-        from weightbridge.testing.vllm_selfcheck import make_llm
+        from weightbridge.testing._internal.vllm_selfcheck import make_llm
 
         resolved = ctx.resolved()
         self.ranks = tuple(ctx.ranks)

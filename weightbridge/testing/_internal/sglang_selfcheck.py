@@ -1,7 +1,7 @@
 """A tiny RL loop on CPU that checks the SGLang integration end to end; used by the tests and the bench.
 
 Processes: the driver (the caller's process, under ``if __name__ == "__main__":``) hosts the
-control store, starts the 2 trainer ranks (:func:`weightbridge.testing.vllm_selfcheck.trainer_main`:
+control store, starts the 2 trainer ranks (:func:`weightbridge.testing._internal.vllm_selfcheck.trainer_main`:
 FSDP2 dp 2, or Megatron-Core with ``trainer_kind="megatron"``; rank 0 saves each version's full HF
 checkpoint and the HF model's greedy continuations, for verification only), owns the
 ``sglang.Engine`` (or starts ``python -m sglang.launch_server`` with ``http=True``) and drives
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing.vllm_selfcheck import (
+from weightbridge.testing._internal.vllm_selfcheck import (
     MEGATRON_OVERRIDES,
     NEW_TOKENS,
     PROMPTS,
@@ -160,7 +160,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
     from weightbridge.sync.auth import ensure_env_secret
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # before the trainers and the engine's workers start: all share it
