@@ -147,7 +147,8 @@ def main() -> int:
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
     from weightbridge.sync.auth import ensure_env_secret
     from weightbridge.localrun import launch
-    from weightbridge.testing._internal.sglang_selfcheck import make_engine, _free_port
+    from weightbridge.integrations.sglang.cpu_engine import make_engine
+    from weightbridge.testing._internal.sglang_selfcheck import _free_port
     from weightbridge.testing._internal.vllm_selfcheck import write_model
     from weightbridge.transport.store import open_store
 

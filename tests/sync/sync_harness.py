@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
-from weightbridge.testing._internal.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize, torch_dtype
 
 from sync_fakes import StoreDataPlane
@@ -78,4 +78,4 @@ def rollout_bridge(resolved, rank, store, **kw):
 
 
 def check(resolved, bridge, tensors, version) -> list[str]:
-    return mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))
+    return layout_mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))

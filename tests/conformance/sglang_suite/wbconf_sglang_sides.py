@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from weightbridge.demo.fsdp2 import FSDP2TrainerRank, shard_dp
+from weightbridge.demo.fsdp2 import shard_dp
+from weightbridge.testing._internal.fsdp2 import FSDP2TrainerRank
 
 
 class QwenFSDP2TrainerRank(FSDP2TrainerRank):

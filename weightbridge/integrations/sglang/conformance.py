@@ -48,8 +48,8 @@ class SGLangRolloutUnit:
     """One SGLang engine instance (all its TP workers) as a conformance-suite :class:`RolloutUnit`."""
 
     def __init__(self, ctx: Any, **engine_kwargs: Any) -> None:
+        from weightbridge.integrations.sglang.cpu_engine import make_engine
         from weightbridge.integrations.sglang.driver import SGLangWeightSync
-        from weightbridge.testing._internal.sglang_selfcheck import make_engine
 
         resolved = ctx.resolved()
         self.ranks = tuple(ctx.ranks)

@@ -71,8 +71,8 @@ class VLLMRolloutUnit:
     """One vLLM engine instance (all its TP workers) as a conformance-suite :class:`RolloutUnit`."""
 
     def __init__(self, ctx: Any, **llm_kwargs: Any) -> None:
+        from weightbridge.integrations.vllm.cpu_engine import make_llm
         from weightbridge.integrations.vllm.driver import VLLMWeightSync
-        from weightbridge.testing._internal.vllm_selfcheck import make_llm
 
         resolved = ctx.resolved()
         self.ranks = tuple(ctx.ranks)

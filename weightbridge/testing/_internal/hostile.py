@@ -39,10 +39,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from weightbridge.localrun import launch
 from weightbridge.testing._internal import garbage as G
 from weightbridge.testing._internal import soak_roles as R
-from weightbridge.localrun import launch
-from weightbridge.testing._internal.soak import NUM_ROLLOUT, NUM_TRAINER, Stores, _call, job_cfg, store_cli_available, write_spec
+from weightbridge.testing._internal.soak import (
+    NUM_ROLLOUT,
+    NUM_TRAINER,
+    Stores,
+    _call,
+    job_cfg,
+    store_cli_available,
+    write_spec,
+)
 
 APPLY_DELAY_S = 1.5  # the forge step: how long each rollout waits before apply()
 

@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing._internal import soak_roles as R
 from weightbridge.localrun import launch
+from weightbridge.testing._internal import soak_roles as R
 
 HOST = "127.0.0.1"
 MODES = ("sync", "async")

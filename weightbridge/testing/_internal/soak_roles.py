@@ -8,7 +8,7 @@ external ``weightbridge store`` process does):
   setting its tensors to that version's canonical weights; a *replacement* first waits for the
   victim's kill, then joins and pushes the healing version.
 * :func:`rollout` - one rollout rank: the engine's ``poll()`` / ``apply()`` loop, checking the live
-  tensors bitwise after every apply and every error (:mod:`weightbridge.testing._internal.verify`).
+  tensors bitwise after every apply and every error (:func:`weightbridge.tensors.layout_mismatches`).
 * :func:`stranger` - hostile mode: a process without the job secret writing garbage under every
   runtime key, and forging acks during a push.
 * :func:`impostor` - hostile mode: a process posing as a trainer rank with the public
@@ -234,8 +234,7 @@ def rollout(cfg: dict, rank: int, opts: dict) -> list[dict]:
 
 def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
     from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
-    from weightbridge.tensors import materialize
-    from weightbridge.testing._internal.verify import mismatches
+    from weightbridge.tensors import layout_mismatches, materialize
 
     who = f"rollout/{rank}"
     store = client(cfg)
@@ -260,7 +259,7 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
             push_marks[v] = store.check([f"{cfg['ctl']}/pushing/{v}"])
         if not push_marks[v]:
             return [f"version {v} was never pushed by the job's trainers"]
-        return mismatches(layout, tensors, canonical(r, v), limit=2)
+        return layout_mismatches(layout, tensors, canonical(r, v), limit=2)
 
     t0 = time.time()
     try:

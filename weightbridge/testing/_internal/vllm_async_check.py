@@ -112,8 +112,8 @@ async def _run(kind: str, tp: int, workdir: Path, steps: tuple[int, int], timeou
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
-    from weightbridge.sync.auth import ensure_env_secret
     from weightbridge.localrun import launch
+    from weightbridge.sync.auth import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # before the trainer processes and the engine's workers start

@@ -4,7 +4,7 @@ Processes:
 
 * the driver (the caller's process, ``if __name__ == "__main__":`` guarded: vLLM spawns) hosts
   the control store, starts the trainer ranks, owns the ``vllm.LLM`` (its engine core in this
-  process: :func:`make_llm` ``in_process``) and drives updates;
+  process: :func:`~weightbridge.integrations.vllm.cpu_engine.make_llm` ``in_process``) and drives updates;
 * 2 trainer ranks (:func:`trainer_main`: :class:`~weightbridge.demo.fsdp2.FSDP2World`, Gloo,
   ``fully_shard`` over dp=2, float32 master weights, real AdamW steps on a fixed token pattern)
   push every version; rank 0 also
@@ -293,39 +293,6 @@ def _save_checkpoint_names(plain: torch.nn.Module, full: dict[str, torch.Tensor]
 # ---------------------------------------------------------------------------------------------
 
 
-def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: Any) -> Any:
-    """A vLLM engine on the CPU settings that work here, with weightbridge's backend (its workers inherit
-    the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset).
-
-    ``in_process``: vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-    and, at TP 1, its one worker too (the ``uni`` executor); TP > 1 keeps vLLM's worker processes.
-    Each process vLLM does not start saves a spawn and a vLLM import (~15-20 s on a small CPU
-    machine); the weight-transfer protocol and ``collective_rpc`` are the same. (vLLM's own
-    multiprocess engine core is exercised by ``vllm serve`` and ``AsyncLLM``.)
-    """
-    from weightbridge.sync.auth import ensure_env_secret
-
-    ensure_env_secret()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if tp == 1:
-            kw.setdefault("distributed_executor_backend", "uni")
-    if tp == 2:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    from vllm import LLM
-    from vllm.config import WeightTransferConfig
-
-    from weightbridge.integrations.vllm import BACKEND
-
-    return LLM(
-        model=str(model_dir), tensor_parallel_size=tp, skip_tokenizer_init=True, enforce_eager=True,
-        dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
-        weight_transfer_config=WeightTransferConfig(backend=BACKEND),
-        worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension", **kw,
-    )
-
-
 def generate(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> list[list[int]]:
     from vllm import SamplingParams
 
@@ -347,6 +314,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     import threading
 
     from weightbridge.bridge import BridgeOptions
+    from weightbridge.integrations.vllm.cpu_engine import make_llm
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
     from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store

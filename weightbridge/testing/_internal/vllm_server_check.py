@@ -82,8 +82,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from weightbridge.sync.auth import ensure_env_secret
     from weightbridge.localrun import launch
+    from weightbridge.sync.auth import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # inherited by the server's workers and the trainer ranks
