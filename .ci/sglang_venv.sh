@@ -8,6 +8,7 @@
 set -euo pipefail
 VENV="${1:?usage: .ci/sglang_venv.sh VENV_DIR}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+export WB_UV_VENV="${WB_UV_VENV:-${VENV%/}.uv}"   # .ci/run passes its own; alone: a venv for uv beside VENV
 # shellcheck source=.ci/uv_env.sh
 source "$REPO/.ci/uv_env.sh"
 new_venv "$VENV"

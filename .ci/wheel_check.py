@@ -1,17 +1,17 @@
-"""Checks an installed weightbridge wheel the way a new user and an agent meet it (run by .ci/run).
+"""Checks the wheel installed with its ``mcp`` extra the way an agent meets it (run by .ci/run).
 
 Run with the wheel's venv python from an empty directory (no checkout on sys.path):
 
     python wheel_check.py --expect-resources resources.json
 
-and once with the checkout's python to record what the checkout serves:
+and once with a checkout environment's python (with the ``mcp`` extra) to record what the checkout serves:
 
     python .ci/wheel_check.py --write-resources resources.json
 
-Checks: ``weightbridge demo``, ``schema --check``, ``validate`` of each shipped example spec, the
-MCP server (stdio, real SDK client) listing the same resources as the checkout (names and count),
-every listed resource readable, and ``run_conformance`` passing on the shipped toy integration
+Checks: the MCP server (stdio, real SDK client) listing the same resources as the checkout (names and
+count), every listed resource readable, and ``run_conformance`` passing on the shipped toy integration
 copied out with ``weightbridge examples toy_integration --copy``. Exits non-zero on the first failure.
+The wheel without extras (every README command, the demo) is ``.ci/wheel_base_check.py``'s.
 """
 
 from __future__ import annotations
@@ -76,10 +76,6 @@ def main() -> int:
 
         if "site-packages" not in Path(weightbridge.__file__).parts:
             sys.exit(f"[wheel] FAILED: weightbridge imported from {weightbridge.__file__}, not an installed wheel")
-        print(step("demo", [wb, "demo"], timeout=600, cwd=root)[-1500:])
-        step("schema --check", [wb, "schema", "--check"], cwd=root)
-        examples = json.loads(step("examples", [wb, "examples", "--json"], cwd=root))["specs"]
-        step(f"validate {len(examples)} shipped examples", [wb, "validate", *examples.values()], cwd=root)
         step("copy the toy integration", [wb, "examples", "toy_integration", "--copy", str(root)], cwd=root)
         names, result = anyio.run(_mcp, root, root / "toy_integration")
         expected = json.loads(args.expect_resources.read_text())

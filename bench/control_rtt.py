@@ -29,7 +29,7 @@ import time
 from weightbridge.bridge import RolloutBridge, TrainerBridge, load_spec
 from weightbridge.tensors import materialize
 from weightbridge.testing._internal.delay_proxy import DelayProxy
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 TRAINERS, INSTANCES = 2, 4

@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from weightbridge.localrun import launch
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
 from weightbridge.tensors import diff_tensors, empty_like_layout
-from weightbridge.testing.localrun import launch
 from weightbridge.transport import Executor, create_bridge_group, open_store
 from weightbridge.transport.delta import FIRST_BYTES, HEADER_BYTES
 

@@ -124,7 +124,7 @@ def run_check(name: str, spec: str, backend: str, gpus: list[int], args) -> dict
     from weightbridge.plan import build_plan
     from weightbridge.spec.resolve import check_text
     from weightbridge.transport import open_store
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
 
     r, problems = check_text(spec)
     if r is None:

@@ -53,7 +53,7 @@ def _cases(only: str | None, synthetic: bool):
 
             yield path.stem, load
     if synthetic and (not only or only in "synthetic-deepseek-v3"):
-        from weightbridge.testing.synthetic_layouts import moe_layouts
+        from weightbridge.testing._internal.synthetic_layouts import moe_layouts
 
         def load_syn():
             tr, ro = moe_layouts(share_instances=False)
@@ -156,7 +156,7 @@ def _print_row(r: dict) -> None:
 
 
 def _rank_scaling(args) -> int:
-    from weightbridge.testing.synthetic_layouts import moe_layouts
+    from weightbridge.testing._internal.synthetic_layouts import moe_layouts
 
     net = network_model("h200")
     rows = []

@@ -57,7 +57,7 @@ def trainer_rank(job: dict[str, Any]) -> dict[str, list[float]]:
     from transformers import AutoModelForCausalLM
 
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
-    from weightbridge.testing.fsdp2 import FSDP2World, shard_dp
+    from weightbridge.demo.fsdp2 import FSDP2World, shard_dp
     from weightbridge.transport.store import open_store
 
     rank = job["rank"]
@@ -145,10 +145,11 @@ def main() -> int:
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
-    from weightbridge.testing.localrun import ensure_env_secret
-    from weightbridge.testing.localrun import launch
-    from weightbridge.testing.sglang_selfcheck import make_engine, _free_port
-    from weightbridge.testing.vllm_selfcheck import write_model
+    from weightbridge.localrun import ensure_env_secret
+    from weightbridge.localrun import launch
+    from weightbridge.integrations.sglang.cpu_engine import make_engine
+    from weightbridge.testing._internal.sglang_selfcheck import _free_port
+    from weightbridge.testing._internal.vllm_selfcheck import write_model
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()

@@ -1,4 +1,4 @@
-"""Soak and hostile-client campaign of issue 13 (the harness is ``weightbridge.testing.soak`` / ``.hostile``).
+"""Soak and hostile-client campaign of issue 13 (the harness is ``weightbridge.testing._internal.soak`` / ``.hostile``).
 
     python bench/soak.py --trials 52 --seed 1 --modes sync,async --json out.json
     python bench/soak.py --trials 0 --hostile --modes sync          # hostile-client mode only
@@ -19,8 +19,8 @@ import json
 import sys
 import time
 
-from weightbridge.testing import hostile as H
-from weightbridge.testing import soak as S
+from weightbridge.testing._internal import hostile as H
+from weightbridge.testing._internal import soak as S
 
 
 def main(argv: list[str] | None = None) -> int:

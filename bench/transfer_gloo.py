@@ -42,10 +42,16 @@ from weightbridge.plan import build_plan, network_model
 from weightbridge.plan.cost import price
 from weightbridge.spec.resolve import check_text
 from weightbridge.transport import Executor, create_bridge_group, open_store
-from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
+from weightbridge.tensors import (
+    canonical_tensors,
+    diff_tensors,
+    empty_like_layout,
+    materialize,
+    needed_names,
+)
+from weightbridge.localrun import launch
 from weightbridge.testing._internal.bench_models import qwen2_config
 from weightbridge.testing._internal.gather_broadcast import GatherBroadcast
-from weightbridge.testing.localrun import launch
 
 FILL = 3.0
 

@@ -58,15 +58,16 @@ def main() -> int:
         return run_server(args)
 
     from weightbridge.bridge import BridgeOptions
-    from weightbridge.testing import vllm_selfcheck as sc
+    from weightbridge.integrations.vllm.cpu_engine import make_llm
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
+    from weightbridge.testing._internal import vllm_selfcheck as sc
     from weightbridge.transport.store import open_store
 
     work = Path(tempfile.mkdtemp(prefix="wb-bench-vllm-"))
     model_dir = sc.write_model(work / "v0", "qwen2", **overrides(args))
     spec = sc.spec_text("qwen2", model_dir, args.tp, "sync", args.timeout_s)
-    from weightbridge.testing.localrun import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()  # the trainers (launch) and the engine's workers inherit the job secret
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout_s)
@@ -82,7 +83,7 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = []
     try:
-        llm = sc.make_llm(model_dir, args.tp)
+        llm = make_llm(model_dir, args.tp)
         say(f"engine up in {time.perf_counter() - t0:.1f}s")
         sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-bench"))
         for v in range(1, args.versions + 1):
@@ -125,10 +126,10 @@ def overrides(args: argparse.Namespace) -> dict:
 
 def run_server(args: argparse.Namespace) -> int:
     """The ``--server`` case: one ``vllm serve`` (subprocess), 2 FSDP2 trainer ranks whose rank 0 drives it."""
-    from weightbridge.testing.localrun import ensure_env_secret
-    from weightbridge.testing import vllm_online as online
-    from weightbridge.testing import vllm_selfcheck as sc
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
+    from weightbridge.localrun import ensure_env_secret
+    from weightbridge.testing._internal import vllm_online as online
+    from weightbridge.testing._internal import vllm_selfcheck as sc
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # the trainers (launch) and the server's workers inherit the job secret

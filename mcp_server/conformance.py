@@ -12,7 +12,6 @@ a pytest11 entry point) is active in that pytest like in any other.
 """
 
 
-import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path

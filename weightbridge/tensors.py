@@ -8,7 +8,9 @@
   :func:`apply_local_copies`;
 * tensors of a layout: :func:`empty_like_layout` (a receiver's destination), :func:`materialize`
   (a rank's local tensors from full canonical tensors), :func:`canonical_tensor(s)` (deterministic
-  values, the same in every process), :func:`bitwise_equal` / :func:`diff_tensors`.
+  values, the same in every process);
+* bitwise checks: :func:`bitwise_equal` (bits, not values), :func:`diff_tensors` (by name) and
+  :func:`layout_mismatches` (a rank's local tensors against full canonical ones, piece by piece).
 
 The wire format is the one of :mod:`weightbridge.plan.types`: a bucket's buffer is its
 items back to back, each item being the elements of its ``canonical_box`` in
@@ -39,7 +41,7 @@ from typing import Any
 
 import torch
 
-from weightbridge.layout.box import Box, box_shape
+from weightbridge.layout.box import Box, box_shape, format_box
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, RankLayout
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -305,18 +307,49 @@ def materialize(
     return out
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    size = t.element_size()
+    """``t``'s bits, one integer per element where an integer type of its element size exists (else
+    one ``uint8`` per byte, flattened: complex128): integer comparison never makes ``-0.0 == 0.0``
+    or ``NaN != NaN``, as float comparison does."""
     if t.dtype == torch.bool or not (t.dtype.is_floating_point or t.dtype.is_complex):
         return t
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+    t = t.contiguous()
+    as_int = _INT_OF_SIZE.get(t.element_size())
+    return t.view(as_int) if as_int is not None else t.reshape(-1).view(torch.uint8)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and bits (NaN payloads and -0.0 included)."""
+    """Same shape, dtype and bits: ``-0.0`` differs from ``0.0``, a NaN equals only a NaN with its
+    payload (the one comparison weightbridge's checks use: value equality, ``torch.equal``, says the
+    opposite in both cases)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return bool(torch.equal(_bits(a.cpu()), _bits(b.cpu())))
+    return bool(torch.equal(_bits(a.detach().cpu()), _bits(b.detach().cpu())))
+
+
+def layout_mismatches(layout: RankLayout, tensors: Mapping[str, torch.Tensor],
+                      canonical: Mapping[str, torch.Tensor], limit: int = 5) -> list[str]:
+    """Pieces of ``layout`` whose local values in ``tensors`` differ bitwise (:func:`bitwise_equal`)
+    from the full ``canonical`` tensors cast to the local dtype; at most ``limit``, empty when all match.
+
+    Walks the rank's pieces in the layout IR: each piece's canonical box of ``canonical[name]``
+    against the local box of ``tensors[local name]`` it lives in (either device; compared on CPU).
+    Padding (local elements no piece covers) is neither written nor checked."""
+    out: list[str] = []
+    for t in layout.tensors:
+        local = tensors[t.name]
+        for p in t.pieces:
+            got = read_canonical(local, p.local_box, p.transpose, box_shape(p.canonical_box))
+            want = canonical[p.canonical][_slices(p.canonical_box)].to(local.dtype)
+            if not bitwise_equal(got, want):
+                out.append(f"{layout.side} {layout.rank} {t.name}{format_box(p.local_box)} != "
+                           f"{p.canonical}{format_box(p.canonical_box)}")
+                if len(out) >= limit:
+                    return out
+    return out
 
 
 def diff_tensors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], limit: int = 5) -> list[str]:

@@ -17,8 +17,9 @@ DOC = ROOT.parent / "docs" / "architecture.md"
 IMPORTS_DIST = re.compile(r"^\s*(import torch\.distributed|from torch\.distributed|from torch import distributed)", re.M)
 
 # The list docs/architecture.md gives, in its words ("import `torch.distributed`: ...").
-DIST_MODULES = {"transport/store.py", "transport/store_client.py", "transport/group.py", "probe/dtensor.py", "testing/contract.py", "testing/fsdp2.py",
-                "testing/megatron.py"}
+DIST_MODULES = {"transport/store.py", "transport/store_client.py", "transport/group.py", "probe/dtensor.py",
+                "testing/contract.py", "demo/fsdp2.py", "testing/_internal/fsdp2.py", "testing/_internal/megatron.py",
+                "testing/_internal/wire_tamper.py"}
 
 
 def test_exactly_the_named_modules_import_torch_distributed() -> None:

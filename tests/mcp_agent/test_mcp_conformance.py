@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 

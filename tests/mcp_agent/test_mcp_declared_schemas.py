@@ -22,13 +22,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 require("hypothesis", extra="dev", reason="generated arguments")

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 

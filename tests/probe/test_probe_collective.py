@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 
 from ._collective import run_stage
 

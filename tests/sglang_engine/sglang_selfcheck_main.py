@@ -10,7 +10,7 @@ import json
 import sys
 
 if __name__ == "__main__":
-    from weightbridge.testing.sglang_selfcheck import run
+    from weightbridge.testing._internal.sglang_selfcheck import run
 
     kind, tp, workdir, out, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     flags = set(sys.argv[6:])

@@ -1,6 +1,6 @@
 """weightbridge inside SGLang's TP workers, end to end on CPU with real SGLang 0.5.23.
 
-Each case runs :mod:`weightbridge.testing.sglang_selfcheck` in a subprocess (SGLang spawns its
+Each case runs :mod:`weightbridge.testing._internal.sglang_selfcheck` in a subprocess (SGLang spawns its
 scheduler processes, so the driver must be a ``__main__``): 2 FSDP2 trainer ranks (Gloo, real AdamW
 steps) push through weightbridge into an SGLang engine at TP 1 or 2, dense (tied, padded vocab, KV
 heads split at TP 2) and MoE (``mlp.experts.w13_weight`` / ``w2_weight``), in sync then async
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

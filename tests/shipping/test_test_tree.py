@@ -6,7 +6,7 @@ root. Any directory there named like an optional dependency (``tests/vllm/``) th
 empty namespace package when the dependency is missing, so ``import vllm`` "succeeds" and the
 vLLM tests run instead of skipping. Two guards: the tree has no such names (checked here for
 every known optional dependency and every installed distribution), and
-:func:`weightbridge.testing.optional.require` treats a namespace package as absent.
+:func:`weightbridge.testing._internal.optional.require` treats a namespace package as absent.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import env_name, find_real, require
+from weightbridge.testing._internal.optional import env_name, find_real, require
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ import torch
 import sync_mp_workers as W
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import TornModelError
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize
 
 LR = 2e-5
@@ -110,7 +110,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             if bridge.poll():
                 v = bridge.apply()
                 rs = bridge.last_receive
-                events.append(("applied", v, mismatches(layout, tensors, canonical(r, v)),
+                events.append(("applied", v, layout_mismatches(layout, tensors, canonical(r, v)),
                                rs.bytes_received if rs else 0, rs.wire_received if rs else 0))
                 if v >= opts["last"]:
                     break

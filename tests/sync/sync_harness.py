@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize, torch_dtype
 
 from sync_fakes import StoreDataPlane
@@ -80,7 +80,7 @@ def rollout_bridge(resolved, rank, store, **kw):
 
 
 def check(resolved, bridge, tensors, version) -> list[str]:
-    return mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))
+    return layout_mismatches(resolved.rollout.ranks[bridge.rank], tensors, canonical(resolved, version))
 
 
 # -- one trainer rank, one rollout rank, an engine loop in a thread ---------------------------------

@@ -1,4 +1,4 @@
-"""Process bodies for ``test_heal_mp.py`` (run through ``testing.localrun.launch``): a rollout rank
+"""Process bodies for ``test_heal_mp.py`` (run through ``weightbridge.localrun.launch``): a rollout rank
 that applies slowly or damages what it receives. Trainers are ``sync_mp_workers.trainer``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
 from weightbridge.errors import BridgeError, TornModelError
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize
 
 import sync_mp_workers as W
@@ -52,7 +52,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             if bridge.poll():
                 time.sleep(slow.pop(bridge.staged_version, 0.0))
                 v = bridge.apply()
-                events.append(("applied", v, mismatches(layout, tensors, W.canonical(r, v)), time.time()))
+                events.append(("applied", v, layout_mismatches(layout, tensors, W.canonical(r, v)), time.time()))
                 if v >= opts["last"]:
                     break
         except TornModelError as exc:

@@ -16,7 +16,7 @@ import torch
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
 from weightbridge.errors import BridgeError
 from weightbridge.spec.resolve import load_spec
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.transport.errors import TransportError
 from weightbridge.tensors import materialize, torch_dtype
 from weightbridge.transport.store import open_store
@@ -103,7 +103,7 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
             t0 = time.time()
             try:
                 v = bridge.apply_instance(want, timeout_s=timeout_s)
-                bad = mismatches(layout, tensors, canonical(r, v)) if v is not None else None
+                bad = layout_mismatches(layout, tensors, canonical(r, v)) if v is not None else None
                 events.append(("applied", want, v, time.time(), bad))
             except TYPED as exc:
                 events.append(("error", want, type(exc).__name__, str(exc), time.time() - t0, bridge.version))

@@ -1,4 +1,4 @@
-"""Process bodies for the multiprocess bridge tests (run through ``testing.localrun.launch``).
+"""Process bodies for the multiprocess bridge tests (run through ``weightbridge.localrun.launch``).
 
 Each returns a list of plain events (tuples) the test asserts on. The parent hosts the
 TCPStore (port 0, no race) so that killing trainer 0 never takes the store down with it.
@@ -14,7 +14,7 @@ import torch
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError, TornModelError
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize, torch_dtype
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.store import open_store
@@ -130,7 +130,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             if bridge.poll():
                 before = bridge.version
                 v = bridge.apply()
-                bad = mismatches(layout, tensors, canonical(r, v))
+                bad = layout_mismatches(layout, tensors, canonical(r, v))
                 events.append(("applied", v, before, bad, time.time()))
                 if v >= last:
                     break
@@ -138,7 +138,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             events.append(("torn-apply", type(exc).__name__, str(exc), time.time()))
         except TYPED as exc:
             v = bridge.version
-            keep = mismatches(layout, tensors, canonical(r, v)) if v is not None else None
+            keep = layout_mismatches(layout, tensors, canonical(r, v)) if v is not None else None
             events.append(("error", type(exc).__name__, str(exc), time.time(), bridge.torn, v, keep))
             if bridge.torn:
                 try:

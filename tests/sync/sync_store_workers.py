@@ -16,8 +16,7 @@ import torch
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, load_spec
 from weightbridge.errors import BridgeError, StoreUnreachable, TornModelError
-from weightbridge.tensors import materialize, torch_dtype
-from weightbridge.testing.verify import mismatches
+from weightbridge.tensors import layout_mismatches, materialize, torch_dtype
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.store import open_store
 
@@ -41,7 +40,7 @@ def trainer(spec: str, rank: int, port: int, test_port: int, opts: dict) -> list
     ``after_kill``: start once the test's ``killed_at`` key exists (the restarted process);
     ``wait`` = {version: key}: wait for a test key before pushing that version. A push that raises
     ``StoreUnreachable`` rebuilds the bridge (``from_spec`` again) and pushes the same version again.
-    ``damage``: versions whose first packed bucket gets one byte flipped after its checksum (in flight);
+    ``damage``: versions whose first data message gets one byte flipped after its checksum (in flight);
     ``await_errors`` = n: after a failed push, wait until rollout ranks 0..n-1 each reported as many errors.
     """
     os.environ["WEIGHTBRIDGE_SECRET"] = opts["secret"]
@@ -60,18 +59,18 @@ def trainer(spec: str, rank: int, port: int, test_port: int, opts: dict) -> list
             os.kill(os.getpid(), signal.SIGKILL)
 
     damage = set(opts.get("damage", ()))
-    if damage:  # flip one payload byte of the first bucket this rank packs in each damaged push
-        from weightbridge.transport.executor import Executor
+    if damage:  # flip one byte of the first data message this rank sends in each damaged push
+        from weightbridge.testing._internal.wire_tamper import flip_sent_bytes
 
         flipped: set = set()
 
-        def after_pack(_ex, round_index: int, peer: int, buf: torch.Tensor) -> None:
-            if current["v"] in damage and current["v"] not in flipped and buf.numel() > 8:
-                flipped.add(current["v"])
-                pos = (current["v"] * 7919) % (buf.numel() - 8)  # a payload byte (not the trailer)
-                buf[pos] ^= 0xFF
+        def choose(part: torch.Tensor, peer: int) -> int | None:
+            if current["v"] not in damage or current["v"] in flipped:
+                return None
+            flipped.add(current["v"])
+            return (current["v"] * 7919) % part.numel()
 
-        Executor._after_pack = after_pack  # this process only
+        flip_sent_bytes(choose)
 
     def build() -> TrainerBridge:
         return TrainerBridge.from_spec(r, rank=rank, tensors=tensors, host=HOST, port=port,
@@ -133,12 +132,12 @@ def rollout(spec: str, rank: int, port: int, test_port: int, opts: dict) -> list
             if bridge.poll():
                 v = bridge.apply()
                 served = v
-                events.append(("applied", v, mismatches(layout, tensors, canonical(r, v)), time.time()))
+                events.append(("applied", v, layout_mismatches(layout, tensors, canonical(r, v)), time.time()))
                 test.set(f"test/applied/{rank}/{v}", "1")
                 if v >= opts["last"]:
                     break
         except StoreUnreachable as exc:
-            keep = mismatches(layout, tensors, canonical(r, served)) if served is not None else None
+            keep = layout_mismatches(layout, tensors, canonical(r, served)) if served is not None else None
             events.append(("store-error", exc.restarted, str(exc), time.time(), served, keep))
             bridge.close()
             bridge = build()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 import sync_auth_workers as W

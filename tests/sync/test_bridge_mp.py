@@ -12,7 +12,7 @@ import pytest
 
 import sync_mp_workers as W
 from sync_harness import spec_text
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 pytestmark = pytest.mark.multiprocess

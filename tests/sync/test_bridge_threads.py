@@ -220,9 +220,9 @@ def test_colocated_bridge_copies_plan_items_directly_bitwise_and_casts():
         assert bridge.version == v and not bridge.torn and stats.mode == "colocated"
         for x in r.rollout.ranks:
             assert trainer[0]["model.norm.weight"].dtype == torch.float32
-            from weightbridge.testing.verify import mismatches
+            from weightbridge.tensors import layout_mismatches
 
-            assert mismatches(x, rollout[x.rank], canonical(r, v)) == []
+            assert layout_mismatches(x, rollout[x.rank], canonical(r, v)) == []
 
 
 def test_trainer_rank_0_hosts_the_control_store_at_host_and_port():

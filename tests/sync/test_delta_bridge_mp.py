@@ -9,7 +9,7 @@ import pytest
 
 import sync_delta_workers as D
 from sync_harness import spec_text
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

@@ -18,8 +18,8 @@ import pytest
 
 import sync_store_workers as W
 from sync_harness import spec_text
-from weightbridge.testing.localrun import launch
-from weightbridge.testing.store_process import StoreProcess
+from weightbridge.localrun import launch
+from weightbridge.testing._internal.store_process import StoreProcess
 from weightbridge.transport.store import open_store
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

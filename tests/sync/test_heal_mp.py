@@ -11,7 +11,7 @@ import pytest
 
 import sync_heal_workers as H
 from sync_harness import spec_text
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

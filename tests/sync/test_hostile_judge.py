@@ -1,4 +1,4 @@
-"""The hostile pass's judge (:func:`weightbridge.testing.hostile.judge_job`) on hand-made event logs.
+"""The hostile pass's judge (:func:`weightbridge.testing._internal.hostile.judge_job`) on hand-made event logs.
 
 The forge step is judged on when each rollout *began* ``apply()``: the genuine ack is written inside
 ``apply()``, so a push may return while the last rollout is still recording its apply (a judge that
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from weightbridge.testing import hostile as H
+from weightbridge.testing._internal import hostile as H
 
 STEP = {"step": 0, "action": "forge", "label": "ack(*)", "kind": "forged-acks", "versions": (2, 3)}
 

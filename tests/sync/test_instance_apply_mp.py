@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import sync_instance_workers as W
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.store import open_store
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]

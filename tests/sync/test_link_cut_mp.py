@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 
 import sync_linkcut_workers as W
 

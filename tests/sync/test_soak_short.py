@@ -1,11 +1,11 @@
 """The short CI version of the issue-13 soak (``bench/soak.py`` is the long one): real Gloo processes.
 
-The pytest process is the harness parent (:mod:`weightbridge.testing.soak`): it hosts the control
+The pytest process is the harness parent (:mod:`weightbridge.testing._internal.soak`): it hosts the control
 store, or starts ``weightbridge store`` when that command exists, so trainer 0 may be a victim.
 Each kill trial runs 2 trainer ranks and 2 one-rank rollout instances; the victim SIGKILLs itself at
 its phase and a replacement process rejoins; every process is bounded by ``launch``'s deadline.
 The hostile pass runs a few garbage values under runtime keys, an impostor trainer without the
-secret, and forged acks (:mod:`weightbridge.testing.hostile`). Each asserts the issue's bar.
+secret, and forged acks (:mod:`weightbridge.testing._internal.hostile`). Each asserts the issue's bar.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import random
 
 import pytest
 
-from weightbridge.testing import hostile as H
-from weightbridge.testing import soak as S
-from weightbridge.testing.garbage import key_targets
+from weightbridge.testing._internal import hostile as H
+from weightbridge.testing._internal import soak as S
+from weightbridge.testing._internal.garbage import key_targets
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from weightbridge.plan import validate_plan
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport import open_store
 
 from transport_delta_workers import delta_transfer  # noqa: I001 - sibling module (tests/transport)

@@ -13,7 +13,7 @@ import pytest
 
 from weightbridge.plan import validate_plan
 from weightbridge.transport import ChecksumError, PeerDisconnected, PeerTimeout, TransportError, open_store
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 
 from transport_workers import group_member, make_plan, resolve, transfer  # noqa: I001 - sibling module
 

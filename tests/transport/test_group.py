@@ -22,7 +22,7 @@ rollout: {preset: hf, instances: 2}
 
 # The demo simulates a trainer framework (its own FSDP2 world), so it may use torch.distributed itself;
 # DTensor introspection reads placements (torch.distributed.tensor) and communicates nothing. The
-# conformance suite starts an integration's own side world (testing/contract.py, testing/fsdp2.py); the vLLM selfcheck
+# conformance suite starts an integration's own side world (testing/contract.py, demo/fsdp2.py); the vLLM selfcheck
 # runs an FSDP2 trainer world. The vLLM engine agrees on versions through the bridge (no torch.distributed).
 def test_group_creation_times_out_when_a_peer_never_joins() -> None:
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)

@@ -16,7 +16,7 @@ from weightbridge.errors import PeerFailed, StoreUnreachable
 from weightbridge.sync.control import ControlPlane
 from weightbridge.sync.messages import Keys
 from weightbridge.sync.roster import RankId
-from weightbridge.testing.store_process import StoreProcess
+from weightbridge.testing._internal.store_process import StoreProcess
 from weightbridge.transport.store_client import STORE_ID_KEY, ReconnectingStore, connect_store
 
 HOST = "127.0.0.1"

@@ -28,12 +28,20 @@ def make_plan(r, plan_kwargs: dict):
     return build_plan(r.trainer, r.rollout, **plan_kwargs)
 
 
-class CorruptingExecutor(Executor):
-    """Flips one payload byte after the checksum was computed (simulates corruption on the wire)."""
+def corrupt_first_message_to_each_peer() -> None:
+    """This process sends the first data message part to each peer with its first byte flipped, after
+    the checksum was computed (corruption on the wire): a trainer's first sends are its round 0."""
+    from weightbridge.testing._internal.wire_tamper import flip_sent_bytes
 
-    def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
-        if round_index == 0 and buf.numel() > 8:  # only the first round: later rounds are fine
-            buf[0] ^= 0xFF
+    hit: set[int] = set()
+
+    def choose(part: torch.Tensor, peer: int) -> int | None:
+        if peer in hit:
+            return None
+        hit.add(peer)
+        return 0
+
+    flip_sent_bytes(choose)
 
 
 def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +71,9 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
     layout = (r.trainer if side == "trainer" else r.rollout).ranks[rank]
     tdtype = r.trainer.ranks[0].tensors[0].dtype
     canon = canonical_tensors(r.canonical, seed=cfg.get("seed", 0), dtype=tdtype, names=needed_names(layout))
-    cls = CorruptingExecutor if cfg.get("corrupt") and side == "trainer" else Executor
-    ex = cls(
+    if cfg.get("corrupt") and side == "trainer":
+        corrupt_first_message_to_each_peer()
+    ex = Executor(
         plan, group, side=side, rank=rank, device=torch.device("cpu"),
         chunk_bytes=cfg.get("chunk_bytes", 64 << 20), checksums=cfg.get("checksums", False),
         overlap=cfg.get("overlap", True), **({"direct_bytes": cfg["direct_bytes"]} if "direct_bytes" in cfg else {}),

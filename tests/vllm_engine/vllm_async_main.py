@@ -4,7 +4,7 @@ import json
 import sys
 
 if __name__ == "__main__":
-    from weightbridge.testing.vllm_async_check import run
+    from weightbridge.testing._internal.vllm_async_check import run
 
     kind, tp, workdir, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     report = run(kind, tp, workdir, log=lambda m: print(m, flush=True))

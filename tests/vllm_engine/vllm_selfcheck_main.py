@@ -4,7 +4,7 @@ import json
 import sys
 
 if __name__ == "__main__":
-    from weightbridge.testing.vllm_selfcheck import run
+    from weightbridge.testing._internal.vllm_selfcheck import run
 
     kind, tp, workdir, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     steps = int(sys.argv[5]) if len(sys.argv) > 5 else 3

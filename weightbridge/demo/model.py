@@ -75,7 +75,7 @@ def build_fsdp2_model(mesh):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from weightbridge.testing.fsdp2 import shard_dp
+    from weightbridge.demo.fsdp2 import shard_dp
 
     cfg = {k: v for k, v in DEMO_CONFIG.items() if k not in ("architectures", "torch_dtype")}
     torch.manual_seed(0)

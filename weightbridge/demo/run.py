@@ -52,7 +52,7 @@ def _job(kind: str, job: dict) -> Any:
 
 def _launch(jobs: Sequence[tuple[str, str, dict]], timeout_s: float) -> dict[str, tuple]:
     """Run each ``(name, kind, job)`` in its own process; whatever still runs at ``timeout_s`` is killed."""
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
 
     results = launch(_job, [(kind, job) for _, kind, job in jobs], timeout_s=timeout_s, preload=_PRELOAD)
     out: dict[str, tuple] = {}

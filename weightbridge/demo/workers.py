@@ -33,9 +33,9 @@ def _canonical_path(workdir: str, version: int) -> Path:
 def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One trainer rank: its own world (Gloo default group) + FSDP2 model; push after each step."""
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
+    from weightbridge.demo.fsdp2 import FSDP2World
     from weightbridge.demo.model import build_fsdp2_model
-    from weightbridge.testing.fsdp2 import FSDP2World
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import layout_mismatches
     from weightbridge.transport.store import open_store
 
     rank, world = job["rank"], job["num_trainers"]
@@ -62,7 +62,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
             train_s = time.perf_counter() - t0
             # Verification only: the full canonical tensors (a collective over the trainer world).
             full = trainer.full_tensors(t.name for t in resolved.canonical.tensors)
-            layout_bad = mismatches(layout, local(), full)
+            layout_bad = layout_mismatches(layout, local(), full)
             if rank == 0:
                 tmp = _canonical_path(job["workdir"], version).with_suffix(".tmp")
                 torch.save(full, tmp)
@@ -84,8 +84,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
 def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout rank (one TP worker of one engine instance): serve, poll, apply, verify."""
     from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
-    from weightbridge.testing.verify import mismatches
-    from weightbridge.tensors import empty_like_layout
+    from weightbridge.tensors import empty_like_layout, layout_mismatches
     from weightbridge.transport.store import open_store
 
     rank = job["rank"]
@@ -118,7 +117,7 @@ def rollout_main(job: dict[str, Any]) -> list[dict[str, Any]]:
             v = bridge.apply()
             rec = bridge.last_receive
             canonical = torch.load(_canonical_path(job["workdir"], v))
-            bad = mismatches(layout, live, canonical)
+            bad = layout_mismatches(layout, live, canonical)
             store.add(progress_key(f"applied/{v}"), 1)
             stall = bridge.last_apply_s + (rec.transfer_s if (rec is not None and not staging) else 0.0)
             records.append({

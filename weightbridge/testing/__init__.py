@@ -65,19 +65,43 @@ The fixture contract (precisely):
 
 Every requirement is listed in :data:`REQUIREMENTS` (``weightbridge.testing.requirements``);
 ``integration_guides/README.md`` explains how to read failures.
+
+This package is the public suite only: :data:`__all__` is its surface (tested), plus the modules
+it is made of (``plugin``, ``suite``, ``contract``, ``requirements``, ``scenarios``, ``ranks``,
+``verdict``). :func:`launch` (fresh local processes under a hard deadline, what the suite starts
+every rank with) is re-exported from :mod:`weightbridge.localrun`. weightbridge's own harnesses
+live in ``weightbridge.testing._internal`` (private: no promise). Names load on first use, so
+``import weightbridge.testing`` imports neither pytest nor torch; ``ConformanceSuite`` needs pytest.
 """
 
-from weightbridge.testing.contract import RankContext, RolloutUnit, TrainerRank
-from weightbridge.testing.requirements import REQUIREMENTS, Requirement, coverage_problems, requirement
-from weightbridge.testing.suite import ConformanceSuite
+from __future__ import annotations
+
+from weightbridge._lazy import lazy_exports
+
+_EXPORTS = {
+    "ConformanceSuite": "weightbridge.testing.suite",
+    "RankContext": "weightbridge.testing.contract",
+    "RolloutUnit": "weightbridge.testing.contract",
+    "TrainerRank": "weightbridge.testing.contract",
+    "REQUIREMENTS": "weightbridge.testing.requirements",
+    "Requirement": "weightbridge.testing.requirements",
+    "coverage_problems": "weightbridge.testing.requirements",
+    "requirement": "weightbridge.testing.requirements",
+    "RankResult": "weightbridge.localrun",
+    "launch": "weightbridge.localrun",
+}
 
 __all__ = [
-    "REQUIREMENTS",
     "ConformanceSuite",
+    "REQUIREMENTS",
     "RankContext",
+    "RankResult",
     "Requirement",
     "RolloutUnit",
     "TrainerRank",
     "coverage_problems",
+    "launch",
     "requirement",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,6 +1,6 @@
 """What an integration gives the conformance suite, and what the suite gives it (one process per unit).
 
-The suite runs every rank in its own fresh process (``weightbridge.testing.localrun.launch``)
+The suite runs every rank in its own fresh process (``weightbridge.localrun.launch``)
 and calls the integration's factory there with a :class:`RankContext`:
 
 * trainer factory ``(ctx) -> TrainerRank``: one call per trainer rank (``ctx.rank``);

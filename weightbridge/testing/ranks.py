@@ -201,7 +201,7 @@ def _probe_unit(unit, resolved, rank: int) -> dict[str, Any]:
 
 def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
     """The unit's state after a failed update: torn flag, version, what apply() does, weights."""
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import layout_mismatches
 
     torn, version = unit.torn, unit.version
     apply_raised = None
@@ -213,14 +213,14 @@ def _state_event(unit, ctx: RankContext, resolved) -> dict[str, Any]:
     bad = None
     if not torn and version is not None:
         want = expected_weights(resolved, version)
-        bad = {r: mismatches(resolved.rollout.ranks[r], unit.tensors(r), want) for r in ctx.ranks}
+        bad = {r: layout_mismatches(resolved.rollout.ranks[r], unit.tensors(r), want) for r in ctx.ranks}
     return {"kind": "state", "torn": torn, "version": version, "apply_raised": apply_raised, "bad": bad,
             "time": time.time()}
 
 
 def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rollout unit: build, then probe (layout) or poll/apply until the script's last version."""
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import layout_mismatches
     from weightbridge.tensors import diff_tensors
 
     ctx: RankContext = job["ctx"]
@@ -261,7 +261,7 @@ def rollout_body(job: dict[str, Any]) -> list[dict[str, Any]]:
                 v = unit.apply()
                 seen = unit.version
                 want = expected_weights(resolved, v, s.get("sparse", False))
-                bad = {r: mismatches(resolved.rollout.ranks[r], unit.tensors(r), want) for r in ctx.ranks}
+                bad = {r: layout_mismatches(resolved.rollout.ranks[r], unit.tensors(r), want) for r in ctx.ranks}
                 events.append({"kind": "applied", "version": v, "seen": seen, "start": t0, "bad": bad})
                 if v >= s["last"]:
                     break

@@ -187,7 +187,7 @@ class Runner:
 
     def _launch(self, name: str, spec: Path, store, jobs: list[dict], extra_s: float = 0.0) -> ScenarioRun:
         from weightbridge.testing.ranks import run_job
-        from weightbridge.testing.localrun import launch
+        from weightbridge.localrun import launch
 
         preload = ["weightbridge.testing.ranks", *self.integ.preload,
                    *{j["factory"].partition(":")[0] for j in jobs}]

@@ -366,9 +366,6 @@ class Executor:
         names = {it.dst_tensor for _, _, recvs in self.my_rounds for b in recvs for it in b.items}
         return names | {c.dst_tensor for c in self.local_copies}
 
-    def _after_pack(self, round_index: int, peer: int, buf: torch.Tensor) -> None:
-        """Hook called after a send buffer is packed (tests override it to corrupt bytes)."""
-
 
 def _marks(target: Mapping[str, torch.Tensor], names: set[str]) -> tuple:
     """Which tensors ``target`` holds and whether they were written since (torch's in-place version

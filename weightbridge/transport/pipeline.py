@@ -249,7 +249,6 @@ class RoundPipeline:
                 tr.length = end + ex.trailer
                 if ex.checksums:
                     write_trailer(tr.buf, end, checksum(tr.buf[:end]))
-                ex._after_pack(ridx, tr.peer, tr.buf[: end + ex.trailer])
             out.append(tr)
         with self.lock:
             self.stats.pack_seconds += time.perf_counter() - ts
@@ -276,7 +275,6 @@ class RoundPipeline:
             pack_items(packed, self.source, buf)
         if ex.checksums:
             write_trailer(buf, n, self.checksum(tr))
-        ex._after_pack(ridx, tr.peer, buf[: n + ex.trailer])
 
     def messages(self, ridx: int, tr: Transfer, tensors: Mapping[str, torch.Tensor] | None) -> None:
         """Cut a bucket into its messages (:meth:`Executor.split`): each direct item as a view of the

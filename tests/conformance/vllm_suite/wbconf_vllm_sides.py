@@ -1,7 +1,7 @@
 """The trainer side for the vLLM integration's conformance run: an FSDP2 (dp 2, float32) HF model.
 
 The model is the checkpoint the spec's ``model.config`` points at (the bundled
-``tiny-qwen2-vllm``, written by ``conftest.py``), built as ``weightbridge.testing.vllm_selfcheck``'s
+``tiny-qwen2-vllm``, written by ``conftest.py``), built as ``weightbridge.testing._internal.vllm_selfcheck``'s
 ``trainer_main`` builds it (transformers' model, ``fully_shard`` per layer and on the whole model);
 the rollout side is :mod:`weightbridge.integrations.vllm.conformance` (a real ``vllm.LLM``).
 """
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from weightbridge.testing.fsdp2 import FSDP2TrainerRank, shard_dp
+from weightbridge.demo.fsdp2 import shard_dp
+from weightbridge.testing._internal.fsdp2 import FSDP2TrainerRank
 
 
 class QwenFSDP2TrainerRank(FSDP2TrainerRank):

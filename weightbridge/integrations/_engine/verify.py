@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 import torch
 

@@ -33,8 +33,8 @@ class SGLangRolloutUnit(EngineRolloutUnit):
 
     def __init__(self, ctx: Any, **engine_kwargs: Any) -> None:
         from weightbridge.integrations._engine.conformance import model_dir_of
+        from weightbridge.integrations.sglang.cpu_engine import make_engine
         from weightbridge.integrations.sglang.driver import SGLangWeightSync
-        from weightbridge.testing.sglang_selfcheck import make_engine
 
         tp = int(ctx.resolved().spec.rollout.mesh.get("tp", 1))
         model_dir = model_dir_of(ctx.spec_path)

@@ -37,8 +37,8 @@ class VLLMRolloutUnit(EngineRolloutUnit):
 
     def __init__(self, ctx: Any, **llm_kwargs: Any) -> None:
         from weightbridge.integrations._engine.conformance import model_dir_of
+        from weightbridge.integrations.vllm.cpu_engine import make_llm
         from weightbridge.integrations.vllm.driver import VLLMWeightSync
-        from weightbridge.testing.vllm_selfcheck import make_llm
 
         tp = int(ctx.resolved().spec.rollout.mesh.get("tp", 1))
         model_dir = model_dir_of(ctx.spec_path)

@@ -16,7 +16,7 @@ Links have a rate, not latency or loss (this kernel has no ``netem``); latency t
 comes from :mod:`.delay_proxy` (``bench/control_rtt.py``).
 
 Who calls what: the test or bench process builds a :class:`Cluster` (``with Cluster(...) as c``),
-starts ranks with :meth:`Cluster.launch` (``weightbridge.testing.localrun.launch`` underneath:
+starts ranks with :meth:`Cluster.launch` (``weightbridge.localrun.launch`` underneath:
 every process is killed at the deadline) and, for an external control store, :meth:`Cluster.start_store`.
 :meth:`Cluster.down` (``__exit__``, and ``atexit``) kills every process left in the namespaces and
 deletes them, within a bounded time, also after a failure; a later cluster also removes namespaces of
@@ -299,7 +299,7 @@ class Cluster:
 
         ``fn`` must be importable (module-level). Returns ``localrun.RankResult`` per process, in
         order; a process still running at ``timeout_s`` is killed."""
-        from weightbridge.testing.localrun import launch
+        from weightbridge.localrun import launch
 
         env = self.env()
         return launch(on_host, [(self.netns(h), env, fn, tuple(args)) for h, args in placed],

@@ -1,7 +1,7 @@
 """A tiny RL loop on CPU that checks the SGLang integration end to end; used by the tests and the bench.
 
 Processes: the driver (the caller's process, under ``if __name__ == "__main__":``) hosts the
-control store, starts the 2 trainer ranks (:func:`weightbridge.testing.vllm_selfcheck.trainer_main`:
+control store, starts the 2 trainer ranks (:func:`weightbridge.testing._internal.vllm_selfcheck.trainer_main`:
 FSDP2 dp 2, or Megatron-Core with ``trainer_kind="megatron"``; rank 0 saves each version's full HF
 checkpoint and the HF model's greedy continuations, for verification only), owns the
 ``sglang.Engine`` (or starts ``python -m sglang.launch_server`` with ``http=True``) and drives
@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing.vllm_selfcheck import (
+from weightbridge.integrations.sglang.cpu_engine import ENGINE_ARGS, cpu_env, make_engine
+from weightbridge.testing._internal.vllm_selfcheck import (
     MEGATRON_OVERRIDES,
     NEW_TOKENS,
     PROMPTS,
@@ -42,36 +43,6 @@ from weightbridge.testing.vllm_selfcheck import (
 MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2},
                                               "qwen3-moe": {"moe_intermediate_size": 64}}
 
-ENGINE_ARGS: dict[str, Any] = dict(
-    device="cpu", dtype="float32", attention_backend="torch_native", sampling_backend="pytorch",
-    disable_cuda_graph=True, skip_tokenizer_init=True, max_total_tokens=512, mem_fraction_static=0.05,
-    random_seed=0, log_level="warning",
-)
-
-
-# The model modules the selfcheck's models need (Qwen2ForCausalLM, Qwen3MoeForCausalLM).
-KEEP_MODEL_MODULES = frozenset({"qwen2", "qwen3_moe"})
-
-
-def cpu_env(tp: int) -> None:
-    """The environment SGLang needs on this CPU-only machine (RECIPES.md); set before it starts.
-
-    Also, for start-up time only: SGLang's model registry imports all ~250 model modules in every
-    scheduler process (tens of seconds on a small CPU machine); ``SGLANG_DISABLED_MODEL_ARCHS``
-    (SGLang's own switch) skips those the tests' models do not use."""
-    import importlib.util
-
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    if tp == 2:
-        os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
-    spec = importlib.util.find_spec("sglang")
-    if spec is not None and spec.origin and "SGLANG_DISABLED_MODEL_ARCHS" not in os.environ:
-        models = Path(spec.origin).parent / "srt" / "models"
-        keep = KEEP_MODEL_MODULES | {"__init__", "registry"}
-        skip = sorted(p.stem for p in models.glob("*.py") if p.stem not in keep)
-        os.environ["SGLANG_DISABLED_MODEL_ARCHS"] = ",".join(skip)
-
-
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
               trainer_kind: str = "fsdp2") -> str:
@@ -85,23 +56,10 @@ def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
         yaml.safe_dump(data, sort_keys=False)
 
 
-def make_engine(model_dir: str | Path, tp: int, **kw: Any) -> Any:
-    """An ``sglang.Engine`` on the CPU settings that work here, with weightbridge's custom loader (its
-    workers inherit the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset)."""
-    from weightbridge.integrations.sglang import engine_kwargs
-    from weightbridge.testing.localrun import ensure_env_secret
-
-    ensure_env_secret()
-    cpu_env(tp)
-    import sglang
-
-    return sglang.Engine(model_path=str(model_dir), tp_size=tp, **{**ENGINE_ARGS, **engine_kwargs(), **kw})
-
-
 def start_server(model_dir: str | Path, tp: int, port: int, log_path: str | Path) -> subprocess.Popen:
     """``python -m sglang.launch_server`` with the same settings (the HTTP path)."""
     from weightbridge.integrations.sglang import LOADER
-    from weightbridge.testing.localrun import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()
     cpu_env(tp)
@@ -161,8 +119,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     """
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
-    from weightbridge.testing.localrun import ensure_env_secret
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
+    from weightbridge.localrun import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # before the trainers and the engine's workers start: all share it

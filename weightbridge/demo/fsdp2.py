@@ -1,18 +1,17 @@
-"""The one FSDP2 trainer rank of weightbridge's own runs (conformance, the demo, the vLLM selfcheck).
+"""The demo's FSDP2 trainer world, also the one FSDP2 trainer rank of weightbridge's own test runs.
 
 * :func:`shard_dp` — ``fully_shard`` a transformers causal LM per decoder layer and as a whole;
 * :class:`FSDP2World` — one trainer rank's state: its own Gloo world (never the bridge's), a dp
   mesh, the model's DTensor parameters (named as in the HF checkpoint), local shards, the full
-  tensors (a collective, for verification only) and one optimizer step;
-* :class:`FSDP2TrainerRank` — a ready-made ``wb_trainer`` factory for the conformance suite:
-  integrations whose trainer is FSDP2 subclass it and override :meth:`~FSDP2TrainerRank.build_model`.
+  tensors (a collective, for verification only) and one optimizer step.
 
-Runs inside rank processes (imports torch.distributed lazily).
+Runs inside rank processes (imports torch.distributed lazily). The conformance-suite trainer rank
+built on it is a test harness (``weightbridge.testing._internal.fsdp2``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -67,40 +66,3 @@ class FSDP2World:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-
-
-class FSDP2TrainerRank:
-    """A :class:`~weightbridge.testing.TrainerRank`: its own Gloo world, a dp mesh, FSDP2 shards."""
-
-    def __init__(self, ctx: Any) -> None:
-        from weightbridge.bridge import TrainerBridge
-
-        ctx.init_process_group("gloo")
-        self.world = FSDP2World(lambda mesh: self.build_model(ctx, mesh), rank=ctx.rank, world_size=ctx.world_size)
-        self.params = self.world.params
-        self.bridge = TrainerBridge.from_spec(ctx.spec_path, rank=ctx.rank, tensors=self.tensors(),
-                                              **ctx.bridge_kwargs())
-
-    def build_model(self, ctx: Any, mesh: Any) -> torch.nn.Module:
-        """The model, already ``fully_shard``-ed over ``mesh`` (override)."""
-        raise NotImplementedError
-
-    def tensors(self) -> Mapping[str, torch.Tensor]:
-        return self.world.tensors()
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Full HF tensors -> this rank's FSDP2 shards (DTensor's own chunking, no communication)."""
-        from torch.distributed.tensor import distribute_tensor
-
-        for name, full in weights:
-            p = self.params[name]
-            shard = distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-            p.to_local().copy_(shard.to_local())
-
-    def push(self, version: int) -> Any:
-        return self.bridge.push(version, tensors=self.tensors())
-
-    def close(self) -> None:
-        self.bridge.close()
-        self.world.close()

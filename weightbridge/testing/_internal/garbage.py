@@ -1,8 +1,8 @@
 """What the hostile-client harness writes: every runtime key (read off ``Keys``) and the garbage kinds.
 
-Used by the stranger process (:func:`weightbridge.testing.soak_roles.stranger`, which builds each
+Used by the stranger process (:func:`weightbridge.testing._internal.soak_roles.stranger`, which builds each
 value at the moment it writes it, for the epoch current then) and by the harness parent
-(:mod:`weightbridge.testing.hostile`, which plans the steps). Nothing here is hard-coded from the
+(:mod:`weightbridge.testing._internal.hostile`, which plans the steps). Nothing here is hard-coded from the
 key table in :mod:`weightbridge.sync.messages`: the keys are the public members of its ``Keys``
 class, filled with every rank / epoch / stage the job has; the message class of a key is the one
 whose ``kind`` equals the ``Keys`` member's name; a member whose parameters this module cannot fill

@@ -3,7 +3,7 @@
 Processes: this one (the driver: ``__main__``-guarded, since vLLM spawns; hosts the control store,
 owns the ``AsyncLLM`` and drives :class:`~weightbridge.integrations.vllm.async_driver.AsyncVLLMWeightSync`),
 vLLM's engine core and TP workers, and 2 FSDP2 trainer ranks
-(:func:`weightbridge.testing.vllm_selfcheck.trainer_main`, paced by the driver through ``go/{v}``).
+(:func:`weightbridge.testing._internal.vllm_selfcheck.trainer_main`, paced by the driver through ``go/{v}``).
 
 Phases ``sync`` then ``async`` (a new bridge each). Each version ``v`` is applied with one of vLLM's
 pause choices (:data:`PLAN`). Around each update:
@@ -15,7 +15,7 @@ pause choices (:data:`PLAN`). Around each update:
   generation next to the trainer's HF model, and ``get_weight_version()``.
 
 Every finished request is recorded with its tokens, logprobs and vLLM's ``weight_versions`` spans
-(:mod:`weightbridge.testing.vllm_online`); the tests replay them with the labelled versions.
+(:mod:`weightbridge.testing._internal.vllm_online`); the tests replay them with the labelled versions.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing import vllm_online as online
-from weightbridge.testing import vllm_selfcheck as sc
+from weightbridge.testing._internal import vllm_online as online
+from weightbridge.testing._internal import vllm_selfcheck as sc
 
 # Liveness is not what these checks test: a vLLM worker pinned to a busy core can stall for
 # seconds on a loaded 2-core machine, so peers are declared dead only after 10 x this.
@@ -112,8 +112,8 @@ async def _run(kind: str, tp: int, workdir: Path, steps: tuple[int, int], timeou
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
-    from weightbridge.testing.localrun import ensure_env_secret
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
+    from weightbridge.localrun import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # before the trainer processes and the engine's workers start

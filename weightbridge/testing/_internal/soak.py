@@ -6,9 +6,9 @@ Who does what (all local processes):
   writes the trial's spec, hosts the control store (or starts an external ``weightbridge store``
   process when that command exists, so that trainer 0 may die; one for many trials, each under
   its own key prefixes, replaced when it stops answering), launches the job with
-  :func:`weightbridge.testing.localrun.launch` (its deadline SIGKILLs everything: a **hang**), then
+  :func:`weightbridge.localrun.launch` (its deadline SIGKILLs everything: a **hang**), then
   reads every process's events and judges the trial (:func:`judge`);
-* **the job** (:mod:`weightbridge.testing.soak_roles`): trainer ranks 0 and 1 (FSDP2, dp 2) and rollout
+* **the job** (:mod:`weightbridge.testing._internal.soak_roles`): trainer ranks 0 and 1 (FSDP2, dp 2) and rollout
   ranks 0 and 1 (two vLLM-style instances of one rank each), all staging or all in place; the
   **victim** kills itself at its phase; its **replacement** (started with the others) waits for the
   kill, joins, and the survivors wait for it before the healing push.
@@ -25,7 +25,7 @@ error within ``timeout_s`` + slack, and no wrong weights. Per trial: **hang**; *
 served tensors that are not bitwise the version it reports, or a version nobody pushed); **early**
 (sync, a rollout victim: a survivor's push of the killed version returned); **latency** (a
 survivor's raise after the kill, minus ``timeout_s``); **healed** (every trainer pushed the healing
-version and the :data:`STEADY` after it, and every rollout applied the last one bitwise). Hostile mode is :mod:`weightbridge.testing.hostile`.
+version and the :data:`STEADY` after it, and every rollout applied the last one bitwise). Hostile mode is :mod:`weightbridge.testing._internal.hostile`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing import soak_roles as R
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
+from weightbridge.testing._internal import soak_roles as R
 
 HOST = "127.0.0.1"
 MODES = ("sync", "async")
@@ -133,7 +133,7 @@ class Store:
             return None
 
     def close(self) -> None:
-        from weightbridge.testing.store_process import stop_process
+        from weightbridge.testing._internal.store_process import stop_process
 
         stop_process(self.proc)
         self.master = None

@@ -4,8 +4,8 @@ Processes:
 
 * the driver (the caller's process, ``if __name__ == "__main__":`` guarded: vLLM spawns) hosts
   the control store, starts the trainer ranks, owns the ``vllm.LLM`` (its engine core in this
-  process: :func:`make_llm` ``in_process``) and drives updates;
-* 2 trainer ranks (:func:`trainer_main`: :class:`~weightbridge.testing.fsdp2.FSDP2World`, Gloo,
+  process: :func:`~weightbridge.integrations.vllm.cpu_engine.make_llm` ``in_process``) and drives updates;
+* 2 trainer ranks (:func:`trainer_main`: :class:`~weightbridge.demo.fsdp2.FSDP2World`, Gloo,
   ``fully_shard`` over dp=2, float32 master weights, real AdamW steps on a fixed token pattern)
   push every version; rank 0 also
   saves the full model (``save_pretrained``: HF checkpoint names) and the HF model's greedy
@@ -14,7 +14,7 @@ Processes:
   driver, at TP 2 vLLM spawns two worker processes.
 
 With ``trainer_kind="megatron"`` the 2 trainer ranks are Megatron-Core instead
-(:class:`~weightbridge.testing.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
+(:class:`~weightbridge.testing._internal.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
 checkpoint; the full model is gathered through the introspected IR and saved by checkpoint name).
 
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
@@ -54,7 +54,7 @@ MOE_TRAINER_RULES: list[dict[str, Any]] = [
      "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
 ]
 
-# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.testing.megatron): 2 ranks,
+# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.testing._internal.megatron): 2 ranks,
 # the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
 # tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
 MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
@@ -156,7 +156,7 @@ def version_dir(workdir: str | Path, version: int) -> Path:
 
 
 def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One trainer rank (launched by :func:`weightbridge.testing.localrun.launch`).
+    """One trainer rank (launched by :func:`weightbridge.localrun.launch`).
 
     ``job``: rank, host, port (control store, hosted by the driver), model_dir, workdir,
     phases [{"spec": text, "prefix": str, "steps": int}], timeout_s, lr. Optional: ``go_key`` (the
@@ -170,7 +170,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
-    from weightbridge.testing.fsdp2 import FSDP2World, shard_dp
+    from weightbridge.demo.fsdp2 import FSDP2World, shard_dp
     from weightbridge.transport.store import open_store
 
     rank, world = job["rank"], 2
@@ -181,7 +181,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
 
     trainer: Any
     if job.get("trainer_kind") == "megatron":  # same methods: tensors, full_tensors, step, close
-        from weightbridge.testing.megatron import MegatronWorld
+        from weightbridge.testing._internal.megatron import MegatronWorld
 
         mesh = MEGATRON_MESH[job["kind"]]
         trainer = MegatronWorld(AutoConfig.from_pretrained(job["model_dir"]), rank=rank, world_size=world,
@@ -293,39 +293,6 @@ def _save_checkpoint_names(plain: torch.nn.Module, full: dict[str, torch.Tensor]
 # ---------------------------------------------------------------------------------------------
 
 
-def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: Any) -> Any:
-    """A vLLM engine on the CPU settings that work here, with weightbridge's backend (its workers inherit
-    the job secret: ``$WEIGHTBRIDGE_SECRET``, set to a fresh one here when unset).
-
-    ``in_process``: vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-    and, at TP 1, its one worker too (the ``uni`` executor); TP > 1 keeps vLLM's worker processes.
-    Each process vLLM does not start saves a spawn and a vLLM import (~15-20 s on a small CPU
-    machine); the weight-transfer protocol and ``collective_rpc`` are the same. (vLLM's own
-    multiprocess engine core is exercised by ``vllm serve`` and ``AsyncLLM``.)
-    """
-    from weightbridge.testing.localrun import ensure_env_secret
-
-    ensure_env_secret()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if tp == 1:
-            kw.setdefault("distributed_executor_backend", "uni")
-    if tp == 2:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    from vllm import LLM
-    from vllm.config import WeightTransferConfig
-
-    from weightbridge.integrations.vllm import BACKEND
-
-    return LLM(
-        model=str(model_dir), tensor_parallel_size=tp, skip_tokenizer_init=True, enforce_eager=True,
-        dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
-        weight_transfer_config=WeightTransferConfig(backend=BACKEND),
-        worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension", **kw,
-    )
-
-
 def generate(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> list[list[int]]:
     from vllm import SamplingParams
 
@@ -347,11 +314,12 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     import threading
 
     from weightbridge.bridge import BridgeOptions
+    from weightbridge.integrations.vllm.cpu_engine import make_llm
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store
 
-    from weightbridge.testing.localrun import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()  # before the trainer processes and the engine's workers start: all share it
     workdir = Path(workdir)

@@ -2,7 +2,7 @@
 
 Processes: this one (the driver: hosts the control store, paces the trainer, verifies through
 HTTP), a ``vllm serve`` subprocess (API server, engine core, TP workers; the weightbridge backend
-in each worker), and 2 FSDP2 trainer ranks (:func:`weightbridge.testing.vllm_selfcheck.trainer_main`)
+in each worker), and 2 FSDP2 trainer ranks (:func:`weightbridge.testing._internal.vllm_selfcheck.trainer_main`)
 whose rank 0 drives the server: ``VLLMServers.init()`` per phase and ``VLLMServers.push(bridge, v)``
 per version (vLLM's HTTP routes: pause, start, update, finish, resume).
 
@@ -12,7 +12,7 @@ and records: every worker's bitwise check against vLLM's own load of the trainer
 (``/collective_rpc weightbridge_check``), and ``/v1/completions`` greedy output next to the trainer
 HF model's. Meanwhile a client keeps one ``/inference/v1/generate`` request in flight at all times
 (logprobs and vLLM's ``weight_versions`` spans recorded), so every update lands in the middle of a
-request; :func:`~weightbridge.testing.vllm_online.replay_problems` checks the labels afterwards.
+request; :func:`~weightbridge.testing._internal.vllm_online.replay_problems` checks the labels afterwards.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing import vllm_online as online
-from weightbridge.testing import vllm_selfcheck as sc
+from weightbridge.testing._internal import vllm_online as online
+from weightbridge.testing._internal import vllm_selfcheck as sc
 
 # Liveness is not what these checks test: a vLLM worker pinned to a busy core can stall for
 # seconds on a loaded 2-core machine, so peers are declared dead only after 10 x this.
@@ -84,8 +84,8 @@ def run(kind: str, tp: int, workdir: str | Path, *, steps: tuple[int, int] = (2,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from weightbridge.testing.localrun import ensure_env_secret
-    from weightbridge.testing.localrun import launch
+    from weightbridge.localrun import launch
+    from weightbridge.localrun import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()  # inherited by the server's workers and the trainer ranks

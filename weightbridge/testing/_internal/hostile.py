@@ -1,19 +1,19 @@
 """Hostile-client harness (issue 13): a process without the job secret attacks a running bridge job.
 
-Who does what (all local processes, one :func:`weightbridge.testing.localrun.launch` per job):
+Who does what (all local processes, one :func:`weightbridge.localrun.launch` per job):
 
 * **the harness parent** (this module): hosts the control store (or starts ``weightbridge store``;
   jobs share it under their own key prefixes, a new one when it stops answering),
   plans the job's steps, judges them from every process's events;
-* **the real job** (:mod:`weightbridge.testing.soak_roles`): trainer ranks 0 and 1 with the job secret,
+* **the real job** (:mod:`weightbridge.testing._internal.soak_roles`): trainer ranks 0 and 1 with the job secret,
   rollout rank 0 (staging) and rollout rank 1 (in place); push 1 is clean, then two pushes per step:
   the *next* push right after the attack and the *healing* push after it;
-* **the stranger** (:func:`~weightbridge.testing.soak_roles.stranger`, no secret): per ``garbage`` step,
-  one value of one kind (:data:`~weightbridge.testing.garbage.GARBAGE_KINDS`) under one key of the
+* **the stranger** (:func:`~weightbridge.testing._internal.soak_roles.stranger`, no secret): per ``garbage`` step,
+  one value of one kind (:data:`~weightbridge.testing._internal.garbage.GARBAGE_KINDS`) under one key of the
   runtime's layout, enumerated at run time from :class:`weightbridge.sync.messages.Keys`
-  (:func:`~weightbridge.testing.garbage.key_targets`); in the ``forge`` step it writes acks claiming
+  (:func:`~weightbridge.testing._internal.garbage.key_targets`); in the ``forge`` step it writes acks claiming
   every rollout staged and applied the push in flight while the rollouts apply it slowly;
-* **the impostors** (:func:`~weightbridge.testing.soak_roles.impostor`): two processes posing as trainer
+* **the impostors** (:func:`~weightbridge.testing._internal.soak_roles.impostor`): two processes posing as trainer
   ranks 0 and 1 with the public ``TrainerBridge``, with no secret (step ``impostor-none``) or a wrong one
   (``impostor-wrong``), pushing version 999+.
 
@@ -39,10 +39,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from weightbridge.testing import garbage as G
-from weightbridge.testing import soak_roles as R
-from weightbridge.testing.localrun import launch
-from weightbridge.testing.soak import NUM_ROLLOUT, NUM_TRAINER, Stores, _call, job_cfg, store_cli_available, write_spec
+from weightbridge.localrun import launch
+from weightbridge.testing._internal import garbage as G
+from weightbridge.testing._internal import soak_roles as R
+from weightbridge.testing._internal.soak import (
+    NUM_ROLLOUT,
+    NUM_TRAINER,
+    Stores,
+    _call,
+    job_cfg,
+    store_cli_available,
+    write_spec,
+)
 
 APPLY_DELAY_S = 1.5  # the forge step: how long each rollout waits before apply()
 

@@ -1,6 +1,6 @@
-"""Process bodies of the soak and hostile-client harness (:mod:`weightbridge.testing.soak`).
+"""Process bodies of the soak and hostile-client harness (:mod:`weightbridge.testing._internal.soak`).
 
-Each function runs in its own process, started by :func:`weightbridge.testing.localrun.launch`
+Each function runs in its own process, started by :func:`weightbridge.localrun.launch`
 (one launch per trial: the harness parent hosts nothing but the control store, or none when an
 external ``weightbridge store`` process does):
 
@@ -8,7 +8,7 @@ external ``weightbridge store`` process does):
   setting its tensors to that version's canonical weights; a *replacement* first waits for the
   victim's kill, then joins and pushes the healing version.
 * :func:`rollout` - one rollout rank: the engine's ``poll()`` / ``apply()`` loop, checking the live
-  tensors bitwise after every apply and every error (:mod:`weightbridge.testing.verify`).
+  tensors bitwise after every apply and every error (:func:`weightbridge.tensors.layout_mismatches`).
 * :func:`stranger` - hostile mode: a process without the job secret writing garbage under every
   runtime key, and forging acks during a push.
 * :func:`impostor` - hostile mode: a process posing as a trainer rank with the public
@@ -236,8 +236,7 @@ def rollout(cfg: dict, rank: int, opts: dict) -> list[dict]:
 
 def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
     from weightbridge.bridge import BridgeOptions, RolloutBridge, load_spec
-    from weightbridge.tensors import materialize
-    from weightbridge.testing.verify import mismatches
+    from weightbridge.tensors import layout_mismatches, materialize
 
     who = f"rollout/{rank}"
     store = client(cfg)
@@ -262,7 +261,7 @@ def _rollout(cfg: dict, rank: int, opts: dict, events: list[dict]) -> None:
             push_marks[v] = store.check([f"{cfg['ctl']}/pushing/{v}"])
         if not push_marks[v]:
             return [f"version {v} was never pushed by the job's trainers"]
-        return mismatches(layout, tensors, canonical(r, v), limit=2)
+        return layout_mismatches(layout, tensors, canonical(r, v), limit=2)
 
     t0 = time.time()
     try:
@@ -330,14 +329,14 @@ def stranger(cfg: dict, steps: list[dict]) -> list[dict]:
     finished push ``after``, do the action, then set ``h/done/{step}``.
 
     Actions (``versions``: the step's two pushes): ``garbage`` (``method`` and ``args`` of :class:`~weightbridge.sync.messages.Keys`, epochs
-    given as ``"cur"`` / ``"next"``, and a ``kind`` of :data:`weightbridge.testing.garbage.GARBAGE_KINDS`), ``forge`` (while the first of
+    given as ``"cur"`` / ``"next"``, and a ``kind`` of :data:`weightbridge.testing._internal.garbage.GARBAGE_KINDS`), ``forge`` (while the first of
     that push runs, write acks claiming every rollout rank staged and applied it), ``none``.
     """
     events: list[dict] = []
     _setup({}, events)
     _no_secret(cfg, wrong=False)
     store = client(cfg)
-    from weightbridge.testing.garbage import garbage_for, snapshot
+    from weightbridge.testing._internal.garbage import garbage_for, snapshot
 
     snap = {}
     if steps:

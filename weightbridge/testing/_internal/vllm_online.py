@@ -51,7 +51,7 @@ def serve_argv(model_dir: str | Path, port: int, tp: int) -> list[str]:
 
 def server_env(tp: int, **extra: str) -> dict[str, str]:
     """The server's environment: RL routes on, CPU settings, the job secret (already in ours)."""
-    from weightbridge.testing.localrun import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",

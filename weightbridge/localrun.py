@@ -1,4 +1,7 @@
-"""Launch local processes with a hard wall-clock deadline (tests, benchmarks, the demo).
+"""Launch local processes with a hard wall-clock deadline (the demo, the conformance suite, tests, bench).
+
+Product code (the demo) uses it, so it is here and not in the test package; the conformance suite
+re-exports :func:`launch` as ``weightbridge.testing.launch``.
 
 :func:`launch` runs one function per rank in fresh local processes: processes still running at
 the deadline are killed and reported, so nothing hangs. Tensors for such runs (canonical values,
