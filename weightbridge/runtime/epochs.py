@@ -27,7 +27,7 @@ from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.auth import signer_for
 from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.dataplane import DataPlane, TransportDataPlane, check_data_plane
+from weightbridge.sync.dataplane import DataPlane, check_data_plane, data_plane_for
 from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
 from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
@@ -81,9 +81,8 @@ class Endpoint:
         self.net = network_model(resolved.network, colocated=sync.mode == "colocated")
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup, network=self.net)
-        self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
-            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
-            signer=self.signer, delta=sync.delta,
+        self.data_plane: DataPlane = options.data_plane or data_plane_for(
+            sync.transport, device=device_of(tensors), checksums=sync.checksums, signer=self.signer, delta=sync.delta,
         )
         check_data_plane(self.data_plane)
         # backend, host and device, in every hello (a data plane that says nothing states no backend)
@@ -180,6 +179,9 @@ class Endpoint:
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
             deadline=deadline, started=self.started_ms, identity=self.identity,
         )
+        place = getattr(self.data_plane, "place", None)
+        if callable(place):  # which members share this rank's host (the colocated data plane)
+            place({roster.bridge_rank(m): h.identity for m, h in self.hellos.items()})
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,

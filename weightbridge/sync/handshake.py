@@ -112,7 +112,8 @@ BACKEND_HINT = ("every rank of a bridge moves bytes with one backend: with a CPU
 def check_devices(me: RankId, hellos: Mapping[RankId, Hello], order: Sequence[RankId]) -> None:
     """The members' :class:`~weightbridge.sync.messages.DeviceIdentity`: every backend equal to ``me``'s
     (:class:`HandshakeMismatch` on ``backend``), and no two members of an NCCL group on one device
-    (:class:`DeviceConflict` naming the first two in ``order``: the same pair on every rank)."""
+    (:class:`DeviceConflict` naming the first two in ``order``: the same pair on every rank). With ``ipc``
+    there is an NCCL group only when the members span hosts."""
     def describe(h: Hello) -> str:
         return h.identity.describe() if h.identity is not None else "no stated backend"
 
@@ -121,7 +122,11 @@ def check_devices(me: RankId, hellos: Mapping[RankId, Hello], order: Sequence[Ra
         theirs = hellos[peer].identity
         if (theirs.backend if theirs else None) != (mine.backend if mine else None):
             raise HandshakeMismatch(me, "backend", describe(hellos[me]), peer, describe(hellos[peer]), BACKEND_HINT)
-    if mine is None or mine.backend != "nccl":
+    if mine is None or mine.backend not in ("nccl", "ipc"):
+        return
+    # ipc (the colocated data plane on CUDA): members on one host share memory; NCCL carries only the
+    # pairs between hosts, and its group takes every member, so two on one GPU conflict only then.
+    if mine.backend == "ipc" and len({h.identity.host for h in hellos.values() if h.identity is not None}) <= 1:
         return
     seen: dict[str, RankId] = {}
     for peer in order:
