@@ -19,7 +19,7 @@ import torch
 
 from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.layout.ir import RankLayout
-from weightbridge.plan.network import network_model
+from weightbridge.plan.network import local_copy_of, network_model
 from weightbridge.plan.types import RankPlan
 from weightbridge.runtime.connect import device_of
 from weightbridge.runtime.options import BridgeOptions
@@ -78,7 +78,8 @@ class Endpoint:
                                heartbeat_s=sync.heartbeat_s, auth=self.signer, ranks=spec_ranks)
         self.board = Board(self.cp)
         # the spec's network model, as `weightbridge plan` uses it (receiver_dedup "auto" is priced on it)
-        self.net = network_model(resolved.network, colocated=sync.mode == "colocated")
+        self.net = network_model(resolved.network, colocated=sync.mode == "colocated",
+                                 local_copy=local_copy_of(sync.transport))
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup, network=self.net)
         self.data_plane: DataPlane = options.data_plane or data_plane_for(
