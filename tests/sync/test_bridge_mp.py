@@ -40,9 +40,9 @@ def events(res, kind):
     return [e for e in res.value if e[0] == kind]
 
 
-@pytest.mark.parametrize("mode,checksums", [("sync", False), ("async", True)])
-def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
-    text = spec(mode=mode, checksums=checksums)
+@pytest.mark.parametrize("mode,checksums,transport", [("sync", False, "gloo"), ("async", True, "shm")])
+def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise(mode, checksums, transport):
+    text = spec(mode=mode, checksums=checksums, transport=transport)
     procs = [("trainer", text, t, {"versions": [1, 2, 3]}) for t in range(2)]
     procs += [("rollout", text, r, {"last": 3, "staging": r % 2 == 0, "identities": True}) for r in range(4)]
     res, _ = run(procs)
@@ -52,10 +52,12 @@ def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
         applied = events(res[2 + r], "applied")
         assert [e[1] for e in applied] == [1, 2, 3]
         assert all(e[3] == [] for e in applied), applied  # bitwise, every piece
-    # every hello stated the real identity: Gloo on the CPU of this host (the processes' own host identity)
+    # every hello stated the real identity: Gloo (or shared memory) on the CPU of this host (the processes'
+    # own host identity)
     [(_, stated, host)] = events(res[2], "identity")
     assert sorted(stated) == ["rollout 0", "rollout 1", "rollout 2", "rollout 3", "trainer 0", "trainer 1"]
-    assert all(i == {"backend": "gloo", "host": host, "device": "cpu", "label": "cpu"} for i in stated.values()), stated
+    assert all(i == {"backend": transport, "host": host, "device": "cpu", "label": "cpu"}
+               for i in stated.values()), stated
 
 
 def test_a_sender_killed_mid_round_fails_everyone_in_time_keeps_staged_and_heals_torn():
@@ -121,9 +123,10 @@ def test_a_handshake_mismatch_fails_every_rank_naming_both_sides(fault):
     CPU-offloaded trainer next to CUDA rollouts); ``device``: every rank states NCCL, rollouts 0 and 1
     on one GPU. Stated through the data plane's identity (a unit seam: this machine has no GPU), whose
     ``connect`` fails the test if reached: both are refused in the handshake, before any NCCL call."""
-    text = spec(mode="sync", rollout=ONE_INSTANCE)
+    text = spec(mode="sync", rollout=ONE_INSTANCE, transport="gloo")
     # spec_hash: rollout 1's spec differs only in sync.checksums (a setting every rank must agree on)
-    odd_text = spec(mode="sync", rollout=ONE_INSTANCE, checksums=False) if fault == "spec_hash" else text
+    odd_text = spec(mode="sync", rollout=ONE_INSTANCE, transport="gloo", checksums=False) if fault == "spec_hash" \
+        else text
     odd = {"dtypes": {"dtype": "float32"}, "backend": {"identity": _nccl("GPU-1111")}}.get(fault, {})
     stated = {}
     if fault == "device":  # trainers on GPUs a and b, both rollouts on GPU c

@@ -14,8 +14,10 @@ previous use acknowledged it, packs each of its local buckets there (each item a
 offset: :func:`bucket_layout`), computes each bucket's digest (``sync.checksums``: the wire's
 checksum), and publishes a :class:`~weightbridge.sync.local_records.RoundRecord` (version, round,
 ``g``, per bucket its receiver, offset, size and digest). A reader waits for the records of its
-senders for ``g``, checks each bucket's place and size against its own plan and its digest, unpacks
-straight from the mapping into its destination tensors (no receive buffer), and publishes a
+senders for ``g``, checks each bucket's place and size against its own plan, unpacks straight from
+the mapping into its destination tensors (no receive buffer), then checks the digest of the slab
+bytes (after the copy: a change made by anyone up to its end is caught; ``ChecksumError``, the
+round is not acknowledged, a staged copy not staged, an in-place rank torn), and publishes a
 :class:`~weightbridge.sync.local_records.RoundAck` of ``g``. While round ``r`` is unpacked the sender
 already packs ``r + 1`` into the other region. A sender's run ends once its readers acknowledged
 everything it packed.
@@ -246,6 +248,7 @@ class LocalChannel:
             for it, o in zip(b.items, offsets):
                 pack_items((it,), source, view, o)
             digest = checksum(view) if self.checksums else None
+            self._after_pack(ridx, peer, view)
             entries.append(lr.BucketAt(receiver=peer, offset=off, nbytes=n, digest=digest))
             off += n
         self.slabs.published()
@@ -311,16 +314,24 @@ class LocalChannel:
         if problem is not None:
             raise io.error(MalformedBucket, peer, ridx, f"the round record of {io.describe(peer)} {problem}")
         at = mine[0]
+        if self.checksums and at.digest is None:
+            raise io.error(MalformedBucket, peer, ridx, f"the round record of {io.describe(peer)} has no digest "
+                           "although sync.checksums is on")
         self.slabs.consume(peer)
         view = mapping[k * region + at.offset: k * region + at.offset + n]
-        if self.checksums:
-            got = checksum(view)
-            if at.digest is None or got != at.digest:
-                raise io.error(ChecksumError, peer, ridx, f"bucket of {n} B from {io.describe(peer)}: checksum "
-                               f"{got:#x}, its sender published {at.digest if at.digest is None else hex(at.digest)}")
         for it, o in zip(b.items, offsets):
             unpack_items((it,), view, target, o)
+        if self.checksums:
+            # After the copy: whatever changed the slab since the sender's digest (anyone who could open it)
+            # up to the end of this copy is caught, and the round is never acknowledged as received.
+            got = checksum(view)
+            if got != at.digest:
+                raise io.error(ChecksumError, peer, ridx, f"bucket of {n} B from {io.describe(peer)}: checksum "
+                               f"{got:#x} of the slab after the copy, its sender published {at.digest:#x}")
         return n
+
+    def _after_pack(self, round_index: int, peer: int, view: torch.Tensor) -> None:
+        """Hook called after a bucket is packed and its digest taken (tests override it to damage bytes)."""
 
     # -- closing -----------------------------------------------------------------------------------
     def close(self, abort: bool = False) -> None:
