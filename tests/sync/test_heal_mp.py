@@ -45,8 +45,8 @@ def test_reproducer_async_one_apply_slower_than_timeout_then_every_next_push_suc
 
 def test_trainers_see_the_receivers_checksum_error_not_a_disconnect():
     timeout_s = 6.0
-    text = spec_text(mode="sync", timeout_s=timeout_s, heartbeat_s=0.2, checksums=True,
-                     rollout="{preset: vllm, instances: 1, mesh: {tp: 2}}")
+    text = spec_text(mode="sync", timeout_s=timeout_s, heartbeat_s=0.2, checksums=True, transport="gloo",
+                     rollout="{preset: vllm, instances: 1, mesh: {tp: 2}}")  # the wire's trailer (shm: test_colocated_mp)
     opts = {"versions": [1, 2, 3], "stop_on_error": False}
     t0, t1, r0, r1 = run([
         ("trainer", text, 0, opts), ("trainer", text, 1, opts),

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from weightbridge import plan as planner  # looked up per call: tests may replace planner.validate_plan
-from weightbridge.plan.network import NetworkModel, network_model
+from weightbridge.plan.network import NetworkModel, local_copy_of, network_model
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
 from weightbridge.spec.errors import SpecErrors, SpecProblem
 from weightbridge.spec.resolve import ResolvedSpec
@@ -48,7 +48,8 @@ def plan_spec(
     """
     sync = resolved.sync
     try:
-        net = network_model(network if network else resolved.network, colocated=sync.mode == "colocated")
+        net = network_model(network if network else resolved.network, colocated=sync.mode == "colocated",
+                            local_copy=local_copy_of(sync.transport))
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
         raise SpecErrors(

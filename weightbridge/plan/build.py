@@ -122,8 +122,10 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
     relays = relay_groups(templates, net) if any(dedup) else None
     # NIC balance over the real ranks' NICs (a replica group's sub-problem has renumbered ranks: per rank)
     nic_of = None if whole is not None or net.nics_per_node is None else (lambda s: net.nic_of(TRAINER, s))
+    # The colocated data plane: each receiver's boxes from a holder on its GPU / host first (real ranks only)
+    near = None if whole is not None or net.local_copy == "off" else (lambda s, r: net.nearness(TRAINER, s, r))
     packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot, relays=relays,
-                           nic_of=nic_of)
+                           nic_of=nic_of, near=near)
     return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
 
 

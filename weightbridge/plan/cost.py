@@ -17,6 +17,10 @@ Formulas (documented with their assumptions in ``docs/planner.md``):
   round r+1 hides behind the wire time of round r and is not counted).
 * ``lower_bound = max over GPUs, directions, links of total bytes / bandwidth`` (this plan's
   bytes, no latency): no schedule of these bytes can be faster.
+* Shared memory (``local_copy``, from ``sync.transport``: the colocated data plane): a pair that shares
+  memory (:meth:`NetworkModel.local`) uses no link; its bytes are copied once into the sender's slab and
+  once out of it, each at ``hbm_bytes_per_s`` on the GPU (or CPU) that copies, and a round takes at least
+  ``max over GPUs of copied bytes / hbm_bytes_per_s``.
 * With deltas (``sync.delta``) and an expected change rate ``f`` (:func:`price_delta`): each bucket
   of ``E`` elements costs ``min(full, positions + values)`` wire bytes plus its header, positions the
   smaller of a bitmap (``E / 8``) and Elias-Fano (``k (2 + log2(E / k)) / 8``, ``k = f E``), values
@@ -54,6 +58,7 @@ class Links:
         self.nv_in: dict = {}
         self.msgs: dict = {}
         self.node_tot: dict = {}  # node -> intra-node bytes (net.node_bytes_per_s)
+        self.mem: dict = {}  # GPU -> bytes it copies through shared memory (net.local_copy), at hbm_bytes_per_s
         self.placement: dict = {} if placement is None else placement  # (side, rank) -> (gpu, node, nic), cached
 
     def _at(self, side: str, rank: int) -> tuple:
@@ -66,7 +71,10 @@ class Links:
     def add(self, src_side: str, s: int, dst_side: str, r: int, nbytes: float, messages: int = 1) -> None:
         gs, ns, cs = self._at(src_side, s)
         gr, nr, cr = self._at(dst_side, r)
-        if ns == nr:
+        if self.net.local_copy != "off" and self.net.local((gs, ns), (gr, nr)):
+            self.mem[gs] = self.mem.get(gs, 0) + nbytes  # the sender's copy into its slab
+            self.mem[gr] = self.mem.get(gr, 0) + nbytes  # the receiver's copy out of it
+        elif ns == nr:
             self.nv_out[gs] = self.nv_out.get(gs, 0) + nbytes
             self.nv_in[gr] = self.nv_in.get(gr, 0) + nbytes
             self.node_tot[ns] = self.node_tot.get(ns, 0) + nbytes
@@ -86,9 +94,12 @@ class Links:
         peers = len(ranks) - 1
         if peers < 1:
             return
+        shared = self.net.local_copy == "host"  # same-node pairs move through shared memory
         for g, n, c in where:
             same = per_node[n] - 1
-            if same:
+            if same and shared:
+                self.mem[g] = self.mem.get(g, 0) + 2 * nbytes * same  # copies out of and into its memory
+            elif same:
                 b = nbytes * same
                 self.nv_out[g] = self.nv_out.get(g, 0) + b
                 self.nv_in[g] = self.nv_in.get(g, 0) + b
@@ -101,8 +112,8 @@ class Links:
 
     def add_bytes_of(self, other: Links) -> None:
         """Add ``other``'s bytes (not its messages) to this one's."""
-        for src, dst in ((other.nic_out, self.nic_out), (other.nic_in, self.nic_in),
-                         (other.nv_out, self.nv_out), (other.nv_in, self.nv_in), (other.node_tot, self.node_tot)):
+        for src, dst in ((other.nic_out, self.nic_out), (other.nic_in, self.nic_in), (other.nv_out, self.nv_out),
+                         (other.nv_in, self.nv_in), (other.node_tot, self.node_tot), (other.mem, self.mem)):
             for k, v in src.items():
                 dst[k] = dst.get(k, 0) + v
 
@@ -112,7 +123,8 @@ class Links:
         nic = max([0, *self.nic_out.values(), *self.nic_in.values()]) / net.nic_bytes_per_s
         nv = max([0, *self.nv_out.values(), *self.nv_in.values()]) / net.intra_node_bytes_per_s
         host = max([0, *self.node_tot.values()]) / net.node_bytes_per_s if net.node_bytes_per_s else 0.0
-        return max(nic, nv, host)
+        mem = max([0, *self.mem.values()]) / net.hbm_bytes_per_s
+        return max(nic, nv, host, mem)
 
     def latency_seconds(self) -> float:
         """Message latency times the most messages any GPU sends or receives."""

@@ -89,14 +89,17 @@ class _Unit(NamedTuple):
 
 def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int,
                  sender: int | None = None, slot: tuple[int, int] | None = None,
-                 relays: Relays | None = None, nic_of: Callable[[int], Hashable] | None = None) -> Packets:
+                 relays: Relays | None = None, nic_of: Callable[[int], Hashable] | None = None,
+                 near: Callable[[int, int], int] | None = None) -> Packets:
     """Update packets in canonical order, and forward packets where ``dedup[template]``.
 
     ``sender`` (a trainer rank) or ``slot`` (``(template, slot)`` of a rollout rank) leave the
     items of every other packet empty: packing needs only sizes, and one rank's slice of the plan
     only its own packets' items (:func:`weightbridge.plan.build.build_rank_plan`). ``relays``:
     the relay groups of receiver de-replication (None: every instance in one group); ``nic_of``:
-    a trainer rank's NIC (None: a NIC per rank)."""
+    a trainer rank's NIC (None: a NIC per rank). ``near(trainer rank, rollout rank)`` (the colocated
+    data plane: 2 same GPU, 1 same host, 0 neither): a unit whose receivers have nearer holders than
+    others is split among those nearest holders only (:func:`_by_nearness`); the rest among all."""
     if relays is None:
         relays = one_group(templates)
     nics = _Nics(nic_of)
@@ -187,8 +190,11 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                 tot += w
             nics.charge(load, s, tot)
             forced[s] = forced.get(s, 0) + tot
-        else:
+        elif near is None:
             _split(name, holders, units, load, out, wanted, nics)
+        else:
+            for subset, part in _by_nearness(holders, units, templates, near):
+                _split(name, subset, part, load, out, wanted, nics)
         if anydedup:
             deps: dict[tuple[int, int, int], list[int]] = {}
             for pi in range(start, len(out)):
@@ -204,6 +210,28 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
                     xout.append(ForwardPacket(templates[g].ranks[i][l], len(targets) * b, g, l, i, b, items,
                                               deps.get((g, l, i), ()), targets))
     return Packets(tuple(out), tuple(xout), _sender_bound(load, forced))
+
+
+def _by_nearness(holders: tuple[Holder, ...], units: list[_Unit], templates: Templates,
+                 near: Callable[[int, int], int]) -> list[tuple[tuple[Holder, ...], list[_Unit]]]:
+    """An atom's units grouped by the holders nearest to all of their receivers: the units whose
+    nearest holders are a proper subset go to that subset (same GPU before same host); the others,
+    last, to every holder (balanced over all of them by ``_split``). Deterministic: subsets in order."""
+    groups: dict[tuple[int, ...], list[_Unit]] = {}
+    rest: list[_Unit] = []
+    everyone = tuple(range(len(holders)))
+    for u in units:
+        ranks = templates[u.template].ranks
+        receivers = [ranks[u.instance][u.slot]] if u.instance >= 0 else [inst[u.slot] for inst in ranks]
+        scores = [min(near(h[0], r) for r in receivers) for h in holders]
+        best = max(scores)
+        subset = tuple(j for j, sc in enumerate(scores) if sc == best)
+        if best == 0 or subset == everyone:
+            rest.append(u)
+        else:
+            groups.setdefault(subset, []).append(u)
+    out = [(tuple(holders[j] for j in subset), groups[subset]) for subset in sorted(groups)]
+    return out + ([(holders, rest)] if rest else [])
 
 
 def _sender_bound(load: dict[int, int], forced: dict[int, int]) -> int:

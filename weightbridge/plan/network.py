@@ -64,9 +64,27 @@ class NetworkModel:
     node_bytes_per_s: float | None = None
     hosts: tuple[tuple[int, int], ...] | None = None  # per host: (trainer ranks, rollout ranks)
     nics_per_node: int | None = None  # None: a NIC per GPU
+    # Which pairs move through shared memory (the colocated data plane, from sync.transport: local_copy_of):
+    # "off" none, "gpu" a trainer and a rollout rank on one GPU, "host" any two ranks on one node. Their
+    # bytes cost a copy in and a copy out at hbm_bytes_per_s, and the planner sends a receiver's boxes
+    # from a holder next to it when one is.
+    local_copy: str = "off"
 
     def with_colocated(self, colocated: bool) -> NetworkModel:
         return replace(self, colocated=colocated)
+
+    def local(self, a: tuple[Hashable, Hashable], b: tuple[Hashable, Hashable]) -> bool:
+        """Whether places ``a`` and ``b`` (each ``(gpu, node)``) exchange bytes through shared memory."""
+        if self.local_copy == "host":
+            return a[1] == b[1]
+        return self.local_copy == "gpu" and a[0] == b[0]
+
+    def nearness(self, side: str, rank: int, rollout_rank: int) -> int:
+        """2: ``side``'s rank shares ``rollout_rank``'s GPU, 1: its node, 0: neither (the planner prefers
+        the nearest holder of a box; only with ``local_copy``)."""
+        if self.gpu_of(side, rank) == self.gpu_of("rollout", rollout_rank):
+            return 2
+        return 1 if self.node_of(side, rank) == self.node_of("rollout", rollout_rank) else 0
 
     # -- placement: the one place ranks are put on nodes and NICs ----------------------------
     def node_of(self, side: str, rank: int) -> Hashable:
@@ -261,8 +279,20 @@ class NetworkSpec(BaseModel):
         return self.to_model().check_hosts(trainer_ranks, rollout_ranks)
 
 
-def network_model(value: Any = None, *, colocated: bool = False) -> NetworkModel:
+LOCAL_COPY = {"shm": "host", "ipc": "host", "auto": "gpu", "gloo": "off", "nccl": "off"}
+
+
+def local_copy_of(transport: str) -> str:
+    """The :attr:`NetworkModel.local_copy` of ``sync.transport``: ``shm`` / ``ipc`` move every pair on one
+    host through shared memory; ``auto`` the pairs on one GPU (colocated; on CPU ``auto`` uses shared memory on
+    one host too, which the plan prices as the wire); ``gloo`` / ``nccl`` none."""
+    return LOCAL_COPY.get(transport, "off")
+
+
+def network_model(value: Any = None, *, colocated: bool = False, local_copy: str = "off") -> NetworkModel:
     """``NetworkModel`` from a spec's ``network`` value (None, preset name, mapping or NetworkSpec)."""
+    if local_copy not in ("off", "gpu", "host"):
+        raise ValueError(f"local_copy must be off, gpu or host, got {local_copy!r}")
     if isinstance(value, NetworkModel):
-        return value.with_colocated(colocated)
-    return NetworkSpec.parse(value).to_model(colocated=colocated)
+        return replace(value, colocated=colocated, local_copy=local_copy)
+    return replace(NetworkSpec.parse(value).to_model(colocated=colocated), local_copy=local_copy)

@@ -19,7 +19,7 @@ import torch
 
 from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
 from weightbridge.layout.ir import RankLayout
-from weightbridge.plan.network import network_model
+from weightbridge.plan.network import local_copy_of, network_model
 from weightbridge.plan.types import RankPlan
 from weightbridge.runtime.connect import device_of
 from weightbridge.runtime.options import BridgeOptions
@@ -27,7 +27,7 @@ from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.auth import signer_for
 from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.dataplane import DataPlane, TransportDataPlane, check_data_plane
+from weightbridge.sync.dataplane import DataPlane, check_data_plane, data_plane_for
 from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
 from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster
@@ -78,14 +78,17 @@ class Endpoint:
                                heartbeat_s=sync.heartbeat_s, auth=self.signer, ranks=spec_ranks)
         self.board = Board(self.cp)
         # the spec's network model, as `weightbridge plan` uses it (receiver_dedup "auto" is priced on it)
-        self.net = network_model(resolved.network, colocated=sync.mode == "colocated")
+        self.net = network_model(resolved.network, colocated=sync.mode == "colocated",
+                                 local_copy=local_copy_of(sync.transport))
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup, network=self.net)
-        self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
-            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
-            signer=self.signer, delta=sync.delta,
+        self.data_plane: DataPlane = options.data_plane or data_plane_for(
+            sync.transport, device=device_of(tensors), checksums=sync.checksums, signer=self.signer, delta=sync.delta,
         )
         check_data_plane(self.data_plane)
+        # backend, host and device, in every hello (a data plane that says nothing states no backend)
+        describe = getattr(self.data_plane, "identity", None)
+        self.identity = describe() if callable(describe) else None
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
         self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
@@ -175,8 +178,11 @@ class Endpoint:
         self.hellos = board.handshake(
             roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
-            deadline=deadline, started=self.started_ms,
+            deadline=deadline, started=self.started_ms, identity=self.identity,
         )
+        place = getattr(self.data_plane, "place", None)
+        if callable(place):  # which members share this rank's host (the colocated data plane)
+            place({roster.bridge_rank(m): h.identity for m, h in self.hellos.items()})
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),
             world_size=roster.world_size, num_trainers=roster.num_trainers, timeout_s=self.timeout_s, roster=roster,

@@ -217,7 +217,13 @@ class SyncSpec(_Strict):
     mode: Literal["sync", "async", "colocated"] = "sync"
     max_staleness: int = Field(default=1, ge=0, description="async: how many versions the trainer may run ahead.")
     round_bytes: RoundBytes = Field(default=1 << 30, description="Per-rank cap on wire-buffer bytes in one round (at least 4KiB).")
-    transport: Literal["auto", "nccl", "gloo"] = "auto"
+    transport: Literal["auto", "nccl", "gloo", "shm", "ipc"] = Field(
+        default="auto",
+        description="How bytes move. gloo / nccl: the wire for every pair. shm (CPU tensors): pairs on one host "
+        "through shared memory (/dev/shm), the others over Gloo; ipc (CUDA tensors): pairs on one host through "
+        "CUDA IPC, the others over NCCL. auto: shm on CPU; on CUDA ipc where a GPU holds a trainer and a rollout "
+        "rank (colocated), else nccl; with sync.delta the wire alone (`weightbridge docs colocated`).",
+    )
     # Bounded: an infinite or astronomically large deadline validated, then overflowed in from_spec (time arithmetic).
     timeout_s: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False,
                              description="Deadline of every wait, in seconds (at most one day).")

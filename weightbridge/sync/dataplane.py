@@ -23,6 +23,18 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
    ``sync.delta`` the base of the next push's deltas; a data plane may ignore it).
 4. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure, or from
    another thread to end a ``run`` in flight: ``RolloutBridge.close()``).
+
+Optional: ``identity()``, the :class:`~weightbridge.sync.messages.DeviceIdentity` (backend, host, device)
+this rank's hello carries, asked once when the bridge is created; the handshake refuses members whose
+backends differ and two NCCL members on one device. A data plane without it states no backend (it then
+agrees only with members that state none). ``place(identities)``: every member's identity by bridge rank
+(from the epoch's authenticated hellos), given right before ``connect`` (the colocated data plane,
+:class:`~weightbridge.transport.local_plane.LocalDataPlane`, learns from it which pairs share a host).
+
+:func:`data_plane_for` picks the data plane of ``sync.transport``: ``gloo`` / ``nccl``: the wire
+(:class:`TransportDataPlane`); ``shm`` / ``ipc``: shared memory for pairs on one host (``/dev/shm``; CUDA IPC),
+the wire for the others; ``auto``: ``shm`` on CPU, on CUDA ``ipc`` where a GPU holds two members and NCCL
+otherwise, and the wire alone with ``sync.delta`` (deltas pay on slow links, not in shared memory).
 """
 
 from __future__ import annotations
@@ -72,6 +84,26 @@ class DataPlane(Protocol):
 METHODS = ("connect", "authenticate", "run", "close")
 
 
+def data_plane_for(transport: str, *, device: torch.device | str, checksums: bool, signer: Any = None,
+                   delta: str = "off") -> Any:
+    """The data plane of ``sync.transport`` for a rank whose tensors are on ``device`` (module docstring)."""
+    import os
+    import sys
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    shm_here = sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
+    if transport in ("gloo", "nccl") or (transport == "auto" and (delta != "off" or not (cuda or shm_here))):
+        return TransportDataPlane(transport=transport, device=device, checksums=checksums, signer=signer, delta=delta)
+    if transport not in ("auto", "shm", "ipc"):
+        raise ValueError(f"transport must be auto, gloo, nccl, shm or ipc, got {transport!r}")
+    from weightbridge.transport.local_plane import LocalDataPlane
+
+    kind = transport if transport != "auto" else ("ipc" if cuda else "shm")
+    policy = "shared-gpu" if transport == "auto" and cuda else "host"
+    return LocalDataPlane(kind=kind, policy=policy, device=device, checksums=checksums, signer=signer, delta=delta)
+
+
 def check_data_plane(plane: Any) -> None:
     """``TypeError`` naming the missing methods unless ``plane`` has every method of :class:`DataPlane`
     (a data plane without ``authenticate`` would otherwise turn the data-sender check off silently)."""
@@ -106,6 +138,12 @@ class TransportDataPlane:
         self.delta = delta
         self.group: Any = None
         self._executor: tuple[tuple, Any] | None = None  # (key, Executor) of the last plan run
+
+    def identity(self) -> Any:
+        """The backend this rank resolved, its host and device (:func:`weightbridge.transport.identity.identity_of`)."""
+        from weightbridge.transport.identity import identity_of
+
+        return identity_of(self.backend, self.device)
 
     def connect(
         self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,
