@@ -45,6 +45,7 @@ _EXPORTS = {
     "PeerFailed": "weightbridge.errors",
     "DeadlineExceeded": "weightbridge.errors",
     "HandshakeMismatch": "weightbridge.errors",
+    "DeviceConflict": "weightbridge.errors",
     "TornModelError": "weightbridge.errors",
     "NothingToApply": "weightbridge.errors",
     "StoreUnreachable": "weightbridge.errors",

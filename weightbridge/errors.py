@@ -5,7 +5,8 @@
     BridgeError                      base of everything the runtime raises on purpose
       PeerFailed(rank, peer, message)      another rank failed (its own message) or died (no heartbeat)
       DeadlineExceeded(rank, waiting_for)  a wait ran past ``sync.timeout_s``
-      HandshakeMismatch(rank, field, ...)  ranks disagree on spec hash, plan hash or dtypes
+      HandshakeMismatch(rank, field, ...)  ranks disagree on spec hash, plan hash, backend or dtypes
+        DeviceConflict(rank, first, ...)   two members of one NCCL group on one device
       TornModelError(rank, version, ...)   an in-place update was interrupted; live weights are mixed
       NothingToApply(rank)                 apply() before any version was received
       ProtocolError(rank, message)         a runtime invariant does not hold (a bad value on the store)
@@ -71,17 +72,34 @@ class DeadlineExceeded(BridgeError):
 
 
 class HandshakeMismatch(BridgeError):
-    """Two ranks disagree on ``field`` (spec_hash, plan_hash, dtypes, ...); raised on every rank."""
+    """Two ranks disagree on ``field`` (spec_hash, plan_hash, backend, dtypes, ...); raised on every rank.
+    ``hint``: what to change, where one is known."""
 
-    def __init__(self, rank: Any, field: str, value: str, peer: Any, peer_value: str) -> None:
+    def __init__(self, rank: Any, field: str, value: str, peer: Any, peer_value: str, hint: str = "") -> None:
         self.rank = str(rank)
         self.field = field
         self.value = value
         self.peer = str(peer)
         self.peer_value = peer_value
+        self.hint = hint
         super().__init__(
             f"{self.rank}: handshake mismatch on {field}: {self.rank} has {value}, {self.peer} has {peer_value}"
+            + (f" ({hint})" if hint else "")
         )
+
+
+class DeviceConflict(HandshakeMismatch):
+    """Members ``first`` and ``peer`` of one NCCL bridge group are on one device (``device``), which NCCL does
+    not support (an error or a hang in its first call); raised on every rank, before any NCCL call."""
+
+    def __init__(self, rank: Any, first: Any, peer: Any, device: str) -> None:
+        BridgeError.__init__(
+            self, f"{rank}: handshake refused: {first} and {peer} are both on {device}, and NCCL does not support "
+            "two members of one communicator on one device (place them on different GPUs, or set sync.transport: "
+            "gloo in the spec)")
+        self.rank, self.field, self.first, self.peer = str(rank), "device", str(first), str(peer)
+        self.value = self.peer_value = device
+        self.hint = ""
 
 
 class TornModelError(BridgeError):

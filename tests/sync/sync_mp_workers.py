@@ -16,11 +16,41 @@ from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, loa
 from weightbridge.errors import BridgeError, TornModelError
 from weightbridge.testing.verify import mismatches
 from weightbridge.tensors import materialize, torch_dtype
+from weightbridge.sync.dataplane import TransportDataPlane
+from weightbridge.sync.messages import DeviceIdentity
 from weightbridge.transport.errors import TransportError
+from weightbridge.transport.identity import host_identity
 from weightbridge.transport.store import open_store
 
 HOST = "127.0.0.1"
 TYPED = (BridgeError, TransportError)
+
+
+class StatedIdentityPlane(TransportDataPlane):
+    """The real Gloo data plane stating another backend and device in its hello (``opts['identity']``: the
+    fields of a ``DeviceIdentity``): what a CUDA rank would state, on CPU. Its handshake must fail, so
+    ``connect`` (the first backend call) is never reached."""
+
+    def __init__(self, stated: dict) -> None:
+        super().__init__(transport="gloo", device="cpu")
+        self.stated = stated
+
+    def identity(self):
+        return DeviceIdentity(host=host_identity(), **self.stated)
+
+    def connect(self, *args, **kwargs) -> None:
+        raise AssertionError("connect() called although the handshake should have refused this rank")
+
+
+def _options(opts: dict, on_round) -> BridgeOptions:
+    plane = StatedIdentityPlane(opts["identity"]) if opts.get("identity") else None
+    return BridgeOptions(on_round=on_round, data_plane=plane)
+
+
+def _identities(bridge) -> tuple:
+    """("identity", every member's identity as its hello stated it, this process's host identity)."""
+    return ("identity", {str(k): h.identity.model_dump() if h.identity else None for k, h in bridge.hellos.items()},
+            host_identity())
 
 
 def canonical(resolved, version: int) -> dict[str, torch.Tensor]:
@@ -60,8 +90,7 @@ def trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
 
     events: list[tuple] = []
     try:
-        bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, store=store,
-                                         options=BridgeOptions(on_round=on_round))
+        bridge = TrainerBridge.from_spec(r, rank=rank, tensors=tensors, store=store, options=_options(opts, on_round))
     except TYPED as exc:
         return [("error", None, type(exc).__name__, str(exc), time.time())]
     for v in opts["versions"]:
@@ -115,7 +144,7 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
     events: list[tuple] = []
     try:
         bridge = RolloutBridge.from_spec(r, rank=rank, tensors=tensors, store=store, staging=opts.get("staging", True),
-                                         options=BridgeOptions(on_round=on_round))
+                                         options=_options(opts, on_round))
     except TYPED as exc:
         return [("error", None, type(exc).__name__, str(exc), time.time())]
     deadline = time.monotonic() + opts.get("run_s", 20)
@@ -148,6 +177,8 @@ def rollout(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
             if opts.get("stop_on_error"):
                 break
         time.sleep(0.002)
+    if opts.get("identities"):
+        events.append(_identities(bridge))
     events.append(("final", bridge.version, bridge.torn, time.time()))
     bridge.close()
     return events

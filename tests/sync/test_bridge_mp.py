@@ -44,7 +44,7 @@ def events(res, kind):
 def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
     text = spec(mode=mode, checksums=checksums)
     procs = [("trainer", text, t, {"versions": [1, 2, 3]}) for t in range(2)]
-    procs += [("rollout", text, r, {"last": 3, "staging": r % 2 == 0}) for r in range(4)]
+    procs += [("rollout", text, r, {"last": 3, "staging": r % 2 == 0, "identities": True}) for r in range(4)]
     res, _ = run(procs)
     for t in (0, 1):
         assert [e[1] for e in events(res[t], "pushed")] == [1, 2, 3]
@@ -52,6 +52,10 @@ def test_fsdp2_dp2_to_two_vllm_tp2_instances_bitwise_over_gloo(mode, checksums):
         applied = events(res[2 + r], "applied")
         assert [e[1] for e in applied] == [1, 2, 3]
         assert all(e[3] == [] for e in applied), applied  # bitwise, every piece
+    # every hello stated the real identity: Gloo on the CPU of this host (the processes' own host identity)
+    [(_, stated, host)] = events(res[2], "identity")
+    assert sorted(stated) == ["rollout 0", "rollout 1", "rollout 2", "rollout 3", "trainer 0", "trainer 1"]
+    assert all(i == {"backend": "gloo", "host": host, "device": "cpu", "label": "cpu"} for i in stated.values()), stated
 
 
 def test_a_sender_killed_mid_round_fails_everyone_in_time_keeps_staged_and_heals_torn():
@@ -107,23 +111,46 @@ def test_a_receiver_killed_mid_round_fails_everyone_in_time_and_the_next_push_dr
     assert res[4].value[-1][:3] == ("final", None, True)  # still torn: its instance is incomplete
 
 
-@pytest.mark.parametrize("fault", ["spec_hash", "dtypes"])
+def _nccl(uuid: str) -> dict:
+    return {"backend": "nccl", "device": uuid, "label": "cuda:0"}
+
+
+@pytest.mark.parametrize("fault", ["spec_hash", "dtypes", "backend", "device"])
 def test_a_handshake_mismatch_fails_every_rank_naming_both_sides(fault):
+    """``backend``: rollout 1 states NCCL on a GPU while the others move bytes with Gloo on CPU (a
+    CPU-offloaded trainer next to CUDA rollouts); ``device``: every rank states NCCL, rollouts 0 and 1
+    on one GPU. Stated through the data plane's identity (a unit seam: this machine has no GPU), whose
+    ``connect`` fails the test if reached: both are refused in the handshake, before any NCCL call."""
     text = spec(mode="sync", rollout=ONE_INSTANCE)
     # spec_hash: rollout 1's spec differs only in sync.checksums (a setting every rank must agree on)
     odd_text = spec(mode="sync", rollout=ONE_INSTANCE, checksums=False) if fault == "spec_hash" else text
-    odd = {"dtype": "float32"} if fault == "dtypes" else {}
-    procs = [("trainer", text, t, {"versions": [1]}) for t in range(2)]
+    odd = {"dtypes": {"dtype": "float32"}, "backend": {"identity": _nccl("GPU-1111")}}.get(fault, {})
+    stated = {}
+    if fault == "device":  # trainers on GPUs a and b, both rollouts on GPU c
+        stated = {("trainer", 0): _nccl("GPU-aaaa"), ("trainer", 1): _nccl("GPU-bbbb"),
+                  ("rollout", 0): _nccl("GPU-cccc"), ("rollout", 1): _nccl("GPU-cccc")}
+    procs = [("trainer", text, t, {"versions": [1], "identity": stated.get(("trainer", t))}) for t in range(2)]
     procs += [("rollout", odd_text if r == 1 else text, r,
-               {"last": 1, "stop_on_error": True, "run_s": 10, **(odd if r == 1 else {})}) for r in range(2)]
+               {"last": 1, "stop_on_error": True, "run_s": 10, "identity": stated.get(("rollout", r)),
+                **(odd if r == 1 else {})}) for r in range(2)]
     res, _ = run(procs, timeout_s=30)
+    kinds = [events(res[0], "error")[0][2], events(res[1], "error")[0][2]]
+    kinds += [events(res[2 + r], "error")[0][1] for r in range(2)]
     msgs = [events(res[0], "error")[0][3], events(res[1], "error")[0][3]]
     msgs += [events(res[2 + r], "error")[0][2] for r in range(2)]
     for i, m in enumerate(msgs):
         who = ["trainer 0", "trainer 1", "rollout 0", "rollout 1"][i]
+        if fault == "device":
+            assert kinds[i] == "DeviceConflict", (kinds[i], m)
+            assert m.startswith(f"{who}: handshake refused: rollout 0 and rollout 1 are both on cuda:0 (GPU-cccc)"), m
+            continue
+        assert kinds[i] == "HandshakeMismatch", (kinds[i], m)
         assert m.startswith(f"{who}: handshake mismatch on {fault}"), m
         assert "rollout 1" in m  # the odd rank is named on every rank
     if fault == "dtypes":
         assert "spec bfloat16, tensor float32" in msgs[0]
+    if fault == "backend":
+        assert "trainer 0 has gloo on cpu of host" in msgs[0] and "rollout 1 has nccl on cuda:0 (GPU-1111)" in msgs[0]
+        assert "sync.transport: gloo" in msgs[0]  # the hint
     for r in range(2):
         assert events(res[2 + r], "applied") == []

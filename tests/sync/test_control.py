@@ -11,9 +11,9 @@ import torch.distributed as dist
 from weightbridge.sync.control import ControlPlane
 from weightbridge.sync.handshake import check_hellos, handshake
 from weightbridge.sync.heartbeat import HeartbeatMonitor
-from weightbridge.errors import DeadlineExceeded, HandshakeMismatch, PeerFailed
+from weightbridge.errors import DeadlineExceeded, DeviceConflict, HandshakeMismatch, PeerFailed
 from weightbridge.sync.roster import RankId
-from weightbridge.sync.messages import Hello, Keys
+from weightbridge.sync.messages import DeviceIdentity, Hello, Keys
 
 T0, T1, R0 = RankId("trainer", 0), RankId("trainer", 1), RankId("rollout", 0)
 
@@ -22,9 +22,15 @@ def cp(store, who, timeout_s=5.0, heartbeat_s=0.05):
     return ControlPlane(store, me=who, keys=Keys("t"), timeout_s=timeout_s, heartbeat_s=heartbeat_s)
 
 
-def hello(who, plan="p", spec="s", dtypes="d", diffs=()):
+def hello(who, plan="p", spec="s", dtypes="d", diffs=(), identity=None):
     return Hello(side=who.side, rank=who.rank, epoch=1, spec_hash=spec, plan_hash=plan, dtypes=dtypes,
-                 dtype_diffs=diffs, nonce="n")
+                 dtype_diffs=diffs, nonce="n", identity=identity)
+
+
+def on(backend, device, host="h1", label=None):
+    """A stated identity: fake CUDA values (no GPU here); ``label`` defaults to cuda:0 for a GPU."""
+    return DeviceIdentity(backend=backend, host=host, device=device,
+                          label=label or ("cpu" if device == "cpu" else "cuda:0"))
 
 
 def test_a_wait_for_a_key_nobody_writes_raises_deadline_exceeded_naming_what_it_waited_for():
@@ -206,6 +212,58 @@ def test_a_dtype_mismatch_names_the_rank_and_its_tensors():
     e = info.value
     assert (e.field, e.peer) == ("dtypes", "rollout 0")
     assert "qkv: spec bfloat16, tensor float32" in str(e)
+
+
+def test_mismatched_backends_fail_on_every_rank_naming_both_with_their_devices():
+    """A CPU-offloaded trainer (Gloo) next to CUDA rollouts (NCCL): before, the two sides waited for
+    each other in different backends' rendezvous until a PeerTimeout."""
+    hellos = {T0: hello(T0, identity=on("gloo", "cpu")), T1: hello(T1, identity=on("gloo", "cpu")),
+              R0: hello(R0, identity=on("nccl", "GPU-1234"))}
+    errs = {}
+    for me in hellos:
+        with pytest.raises(HandshakeMismatch) as info:
+            check_hellos(me, hellos, {})
+        errs[me] = info.value
+    assert str(errs[T0]) == ("trainer 0: handshake mismatch on backend: trainer 0 has gloo on cpu of host h1, rollout 0 "
+                             "has nccl on cuda:0 (GPU-1234) of host h1 (every rank of a bridge moves bytes with one "
+                             "backend: with a CPU-offloaded side set sync.transport: gloo in the spec, or keep every "
+                             "side's tensors on CUDA)")
+    assert (errs[T1].field, errs[T1].peer) == ("backend", "rollout 0")
+    assert (errs[R0].field, errs[R0].peer, errs[R0].value) == ("backend", "trainer 0", "nccl on cuda:0 (GPU-1234) of host h1")
+    # an endpoint that states nothing agrees only with endpoints that state nothing
+    with pytest.raises(HandshakeMismatch, match="trainer 0 has no stated backend, rollout 0 has nccl"):
+        check_hellos(T0, {T0: hello(T0), R0: hello(R0, identity=on("nccl", "GPU-1"))}, {})
+    check_hellos(T0, {T0: hello(T0), R0: hello(R0)}, {})
+
+
+def test_two_nccl_members_on_one_gpu_are_refused_on_every_rank_naming_both():
+    hellos = {T0: hello(T0, identity=on("nccl", "GPU-aaaa")), T1: hello(T1, identity=on("nccl", "GPU-bbbb", host="h2")),
+              R0: hello(R0, identity=on("nccl", "GPU-aaaa", label="cuda:3"))}
+    for me in hellos:
+        with pytest.raises(DeviceConflict) as info:
+            check_hellos(me, hellos, {})
+        e = info.value
+        assert isinstance(e, HandshakeMismatch) and (e.rank, e.first, e.peer, e.field) == (str(me), "trainer 0", "rollout 0",
+                                                                                            "device")
+        assert str(e) == (f"{me}: handshake refused: trainer 0 and rollout 0 are both on cuda:3 (GPU-aaaa) of host h1, "
+                          "and NCCL does not support two members of one communicator on one device (place them on "
+                          "different GPUs, or set sync.transport: gloo in the spec)")
+    # a GPU UUID names one device on every host (another network namespace of the same machine included)
+    hellos[R0] = hello(R0, identity=on("nccl", "GPU-aaaa", host="h9"))
+    with pytest.raises(DeviceConflict):
+        check_hellos(T0, hellos, {})
+
+
+def test_devices_that_may_be_shared_pass():
+    # Gloo members on one GPU (the bytes go through host memory): fine
+    check_hellos(T0, {T0: hello(T0, identity=on("gloo", "GPU-a")), R0: hello(R0, identity=on("gloo", "GPU-a"))}, {})
+    # NCCL on distinct GPUs; no UUID known: cuda:0 of two hosts are two devices, of one host one
+    check_hellos(T0, {T0: hello(T0, identity=on("nccl", "GPU-a")), R0: hello(R0, identity=on("nccl", "GPU-b"))}, {})
+    two_hosts = {T0: hello(T0, identity=on("nccl", "cuda:0", host="h1")), R0: hello(R0, identity=on("nccl", "cuda:0", host="h2"))}
+    check_hellos(T0, two_hosts, {})
+    one_host = {T0: hello(T0, identity=on("nccl", "cuda:0")), R0: hello(R0, identity=on("nccl", "cuda:0"))}
+    with pytest.raises(DeviceConflict, match="trainer 0 and rollout 0 are both on cuda:0 of host h1"):
+        check_hellos(R0, one_host, {})
 
 
 def test_a_store_that_went_away_is_store_unreachable_naming_this_rank_not_a_peer():

@@ -8,6 +8,7 @@ import pytest
 
 from weightbridge.errors import (
     DeadlineExceeded,
+    DeviceConflict,
     EngineMismatch,
     HandshakeMismatch,
     InitRefused,
@@ -25,6 +26,8 @@ CASES = [
     PeerFailed("trainer 0", "rollout 3", "died"),
     DeadlineExceeded("rollout 1", "version 4 complete on every worker", 2.5),
     HandshakeMismatch("rollout 2", "plan_hash", "abc", "trainer 0", "def"),
+    HandshakeMismatch("rollout 2", "backend", "gloo on cpu", "trainer 0", "nccl on cuda:0", "a hint"),
+    DeviceConflict("trainer 1", "rollout 0", "rollout 1", "cuda:0 (GPU-ab) of host 12"),
     TornModelError("rollout 0", 7, 6, "in-place receive of version 7 interrupted"),
     NothingToApply("rollout 5"),
     StoreUnreachable("rollout 2", "127.0.0.1:29500", "no connection within 8s", restarted=True),

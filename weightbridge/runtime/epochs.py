@@ -86,6 +86,9 @@ class Endpoint:
             signer=self.signer, delta=sync.delta,
         )
         check_data_plane(self.data_plane)
+        # backend, host and device, in every hello (a data plane that says nothing states no backend)
+        describe = getattr(self.data_plane, "identity", None)
+        self.identity = describe() if callable(describe) else None
         # Also in the spec hash; kept in the Hello for a data plane given in the options.
         self.wire = f"checksums={sync.checksums}" + (f",delta={sync.delta}" if sync.delta != "off" else "")
         self.on_round: Callable[[int], None] | None = options.on_round
@@ -173,7 +176,7 @@ class Endpoint:
         self.hellos = board.handshake(
             roster, spec_hash=self.spec.spec_hash, plan_hash=plan.plan_hash, dtypes=self.dtypes,
             dtype_diffs=self.dtype_diffs, wire=self.wire, nonce=self.nonce, expected_dtypes=self._expected_dtypes,
-            deadline=deadline, started=self.started_ms,
+            deadline=deadline, started=self.started_ms, identity=self.identity,
         )
         self.data_plane.connect(
             board.cp.store, prefix=board.group_prefix(epoch), bridge_rank=roster.bridge_rank(self.me),

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from weightbridge.errors import ForgedMessage, ProtocolError
 from weightbridge.sync.control import ControlPlane
 from weightbridge.sync.handshake import handshake
-from weightbridge.sync.messages import Ack, Announce, Hello, Join, Leave, Membership, Offer
+from weightbridge.sync.messages import Ack, Announce, DeviceIdentity, Hello, Join, Leave, Membership, Offer
 from weightbridge.sync.roster import ROLLOUT, RankId, Roster
 
 log = logging.getLogger(__name__)
@@ -123,12 +123,14 @@ class Board:
     def handshake(
         self, roster: Roster, *, spec_hash: str, plan_hash: str, dtypes: str, dtype_diffs: tuple[str, ...],
         wire: str, nonce: str, expected_dtypes: Mapping[RankId, str], deadline: float, started: int = 0,
+        identity: DeviceIdentity | None = None,
     ) -> dict[RankId, Hello]:
         """Publish this rank's hello for ``roster``'s epoch and check every member's (contract 3;
-        a member that greeted and then joined again as a later process ends the wait)."""
+        a member that greeted and then joined again as a later process ends the wait). ``identity``:
+        this rank's backend, host and device (the data plane's)."""
         hello = Hello(side=self.me.side, rank=self.me.rank, epoch=roster.epoch, spec_hash=spec_hash,
                       plan_hash=plan_hash, dtypes=dtypes, dtype_diffs=dtype_diffs, wire=wire, nonce=nonce,
-                      started=started)
+                      started=started, identity=identity)
         return handshake(self.cp, hello, roster.members, expected_dtypes, deadline)
 
     def failure_count(self, epoch: int) -> int:

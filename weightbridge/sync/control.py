@@ -21,8 +21,9 @@ Contracts:
    is never re-published (the original message stays the one everyone sees).
 3. **Handshake before the first byte.** :func:`weightbridge.sync.handshake.handshake` (on
    a control plane) publishes this rank's :class:`Hello` and waits for every member's; a
-   disagreement on spec hash, plan hash or dtypes raises :class:`HandshakeMismatch` on every
-   member, naming both ranks and values, before any bridge group exists.
+   disagreement on spec hash, plan hash, backend or dtypes raises :class:`HandshakeMismatch` on
+   every member, naming both ranks and values, and two NCCL members on one device
+   :class:`~weightbridge.errors.DeviceConflict`, before any bridge group exists.
 4. **Heartbeats.** A daemon thread sets ``P/hb/<rank>`` to its own counter every
    ``heartbeat_s`` (started from the wall clock in ms, so a restarted process never
    repeats its predecessor's values) until :meth:`ControlPlane.stop_heartbeat`; a store error

@@ -23,6 +23,11 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
    ``sync.delta`` the base of the next push's deltas; a data plane may ignore it).
 4. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure, or from
    another thread to end a ``run`` in flight: ``RolloutBridge.close()``).
+
+Optional: ``identity()``, the :class:`~weightbridge.sync.messages.DeviceIdentity` (backend, host, device)
+this rank's hello carries, asked once when the bridge is created; the handshake refuses members whose
+backends differ and two NCCL members on one device. A data plane without it states no backend (it then
+agrees only with members that state none).
 """
 
 from __future__ import annotations
@@ -106,6 +111,12 @@ class TransportDataPlane:
         self.delta = delta
         self.group: Any = None
         self._executor: tuple[tuple, Any] | None = None  # (key, Executor) of the last plan run
+
+    def identity(self) -> Any:
+        """The backend this rank resolved, its host and device (:func:`weightbridge.transport.identity.identity_of`)."""
+        from weightbridge.transport.identity import identity_of
+
+        return identity_of(self.backend, self.device)
 
     def connect(
         self, store: Any, *, prefix: str, bridge_rank: int, world_size: int, num_trainers: int, timeout_s: float,

@@ -2,8 +2,9 @@
 
 Every member of an epoch (trainer and rollout ranks) calls :func:`handshake` on its own control
 plane before the epoch's bridge group is created: a disagreement on spec hash, plan hash, wire
-options or dtypes raises :class:`~weightbridge.errors.HandshakeMismatch` on every member, naming
-both ranks (spec numbering) and values, before any byte moves.
+options, backend or dtypes raises :class:`~weightbridge.errors.HandshakeMismatch` on every member,
+naming both ranks (spec numbering) and values, before any byte moves; two members of an NCCL group
+on one device raise :class:`~weightbridge.errors.DeviceConflict` (naming both), before any NCCL call.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from weightbridge.errors import DeadlineExceeded, ForgedMessage, HandshakeMismatch, ProtocolError
+from weightbridge.errors import DeadlineExceeded, DeviceConflict, ForgedMessage, HandshakeMismatch, ProtocolError
 from weightbridge.sync.messages import Hello
 from weightbridge.sync.roster import RankId
 
@@ -84,8 +85,9 @@ def handshake(
 def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Mapping[RankId, str]) -> None:
     """Raise :class:`HandshakeMismatch` for the first disagreement, in a fixed order on every rank.
 
-    Order: spec hash, plan hash, wire options (compared with ``me``'s hello), then each
-    member's dtypes compared with what the spec says that rank holds.
+    Order: spec hash, plan hash, wire options, backend (compared with ``me``'s hello), devices (no
+    two NCCL members on one device), then each member's dtypes compared with what the spec says that
+    rank holds.
     """
     mine = hellos[me]
     order = sorted(hellos, key=lambda r: (r.side != "trainer", r.rank))
@@ -94,9 +96,40 @@ def check_hellos(me: RankId, hellos: Mapping[RankId, Hello], expected_dtypes: Ma
             theirs = getattr(hellos[peer], field)
             if theirs != getattr(mine, field):
                 raise HandshakeMismatch(me, field, str(getattr(mine, field)), peer, str(theirs))
+    check_devices(me, hellos, order)
     for peer in order:
         got = hellos[peer]
         want = expected_dtypes.get(peer)
         if want is not None and got.dtypes != want:
             diffs = "; ".join(got.dtype_diffs) or f"digest {got.dtypes}"
             raise HandshakeMismatch(me, "dtypes", f"the spec's dtypes for {peer} (digest {want})", peer, diffs)
+
+
+BACKEND_HINT = ("every rank of a bridge moves bytes with one backend: with a CPU-offloaded side set "
+                "sync.transport: gloo in the spec, or keep every side's tensors on CUDA")
+
+
+def check_devices(me: RankId, hellos: Mapping[RankId, Hello], order: Sequence[RankId]) -> None:
+    """The members' :class:`~weightbridge.sync.messages.DeviceIdentity`: every backend equal to ``me``'s
+    (:class:`HandshakeMismatch` on ``backend``), and no two members of an NCCL group on one device
+    (:class:`DeviceConflict` naming the first two in ``order``: the same pair on every rank)."""
+    def describe(h: Hello) -> str:
+        return h.identity.describe() if h.identity is not None else "no stated backend"
+
+    mine = hellos[me].identity
+    for peer in order:
+        theirs = hellos[peer].identity
+        if (theirs.backend if theirs else None) != (mine.backend if mine else None):
+            raise HandshakeMismatch(me, "backend", describe(hellos[me]), peer, describe(hellos[peer]), BACKEND_HINT)
+    if mine is None or mine.backend != "nccl":
+        return
+    seen: dict[str, RankId] = {}
+    for peer in order:
+        ident = hellos[peer].identity
+        if ident is None or ident.device in ("", "cpu"):
+            continue
+        # A GPU UUID names one device everywhere; an index (no UUID known) only within its host.
+        key = ident.device if ident.device.startswith(("GPU-", "MIG-")) else f"{ident.host}/{ident.device}"
+        if key in seen:
+            raise DeviceConflict(me, seen[key], peer, ident.where())
+        seen[key] = peer

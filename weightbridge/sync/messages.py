@@ -103,8 +103,37 @@ class Membership(_Message):
     reason: str  # why this epoch started (first push, join, failure, leave)
 
 
+class DeviceIdentity(BaseModel):
+    """Where a rank's bytes live and how they move (:mod:`weightbridge.transport.identity` builds it).
+
+    ``backend``: the wire backend the rank resolved from ``sync.transport`` and its tensors (``gloo``,
+    ``nccl``; ``""``: a data plane that names none). ``host``: equal for the processes of one host and
+    network namespace, different across hosts and namespaces. ``device``: ``cpu``, or the GPU's UUID
+    (``GPU-...``, ``MIG-...``), the same in every process whatever ``CUDA_VISIBLE_DEVICES`` numbers it;
+    ``cuda:<index>`` only where no UUID is known. ``label``: this process's name of the device (messages).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    backend: str
+    host: str
+    device: str
+    label: str = ""
+
+    def where(self) -> str:
+        """``cuda:0 (GPU-5f0c...) of host 1a2b3c4d``: the device as errors show it."""
+        where = self.label or self.device
+        if self.label and self.device not in ("", "cpu", self.label):
+            where += f" ({self.device})"
+        return f"{where} of host {self.host}"
+
+    def describe(self) -> str:
+        """``nccl on cuda:0 (GPU-5f0c...) of host 1a2b3c4d``."""
+        return f"{self.backend or 'no backend'} on {self.where()}"
+
+
 class Hello(_Message):
-    """What a rank believes before the first byte of an epoch; all members must agree."""
+    """What a rank believes before the first byte of an epoch; all members must agree (``identity``:
+    on the backend; and no two NCCL members on one device)."""
 
     kind: Literal["hello"] = "hello"
     side: Side
@@ -117,6 +146,7 @@ class Hello(_Message):
     wire: str = ""  # data-plane options that shape the wire (e.g. "checksums=False")
     nonce: str
     started: int = 0  # the rank process's start (ms), as in its Join: a later join record means it restarted
+    identity: DeviceIdentity | None = None  # None: an endpoint that states none (its backend then matches nobody's)
 
 
 class Announce(_Message):
