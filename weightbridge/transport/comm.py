@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from weightbridge._torch_compat import end_coalescing, start_coalescing
 from weightbridge.transport import delta as wd
 from weightbridge.transport.errors import MalformedBucket, TransportError, classify
 from weightbridge.transport.group import wait_work
@@ -127,7 +128,7 @@ class RoundComm:
 
         try:
             if self.coalesce:
-                pg._start_coalescing()
+                start_coalescing(pg)
             for tr, buf, lo, hi in ops:
                 part = buf[lo:hi]
                 work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
@@ -138,7 +139,7 @@ class RoundComm:
                 else:
                     self.received += hi - lo
             if self.coalesce:
-                work = pg._end_coalescing()
+                work = end_coalescing(pg)
                 self.works.append((work, [tr.peer for tr, *_ in ops], f"P2P batch {k + 1}/{waves} ({len(ops)} ops)"))
         except TransportError:
             raise

@@ -89,6 +89,7 @@ from typing import Literal
 
 import torch
 
+from weightbridge._torch_compat import version_counter
 from weightbridge.layout.box import in_bounds
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, RankPlan, TransferPlan
 from weightbridge.tensors import apply_local_copies
@@ -379,9 +380,5 @@ def _marks(target: Mapping[str, torch.Tensor], names: set[str]) -> tuple:
         if t is None:
             out.append((name, None))
             continue
-        try:
-            counter = t._version
-        except RuntimeError:
-            counter = None
-        out.append((name, t.data_ptr(), tuple(t.shape), t.dtype, counter))
+        out.append((name, t.data_ptr(), tuple(t.shape), t.dtype, version_counter(t)))
     return tuple(out)
