@@ -1,23 +1,25 @@
 """The executor's NCCL branch (coalesced batches, host-side polling deadline) against an in-process fake.
 
-No GPU here: a fake backend object with the ``ProcessGroupNCCL`` surface the executor uses
-(``_start_coalescing`` / ``send`` / ``recv`` / ``_end_coalescing`` returning one work whose
-``is_completed()`` is polled) connects executors running in threads of this process, on CPU
-tensors. It checks the batching logic and the deadline handling of that branch; the real NCCL
-calls are exercised by ``bench/gpu_check.py`` on a GPU machine.
+No GPU here: the loopback stand-in (:mod:`weightbridge.testing.loopback`: the ``ProcessGroupNCCL``
+surface the executor uses, ``_start_coalescing`` / ``send`` / ``recv`` / ``_end_coalescing`` returning
+one work whose ``is_completed()`` is polled) connects executors running in threads of this process,
+on CPU tensors. It checks the batching logic, the device checksums and the deadline handling of that
+branch; the real NCCL calls are exercised by ``bench/gpu_readiness.py`` and ``bench/gpu_check.py`` on
+a GPU machine.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict, deque
 
 import pytest
 import torch
 
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
+from weightbridge.testing.loopback import LoopbackHub as _Hub
+from weightbridge.testing.loopback import LoopbackNccl as _FakeNccl
 from weightbridge.transport import BridgeGroup, Executor, PeerTimeout
 from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize
 
@@ -27,82 +29,6 @@ model: {bundled: tiny-qwen2}
 trainer: {preset: fsdp2, mesh: {dp: 2}}
 rollout: {preset: vllm, instances: 2, mesh: {tp: 2}}
 """
-
-
-class _Work:
-    def __init__(self) -> None:
-        self.done = False
-
-    def is_completed(self) -> bool:
-        return self.done
-
-    def wait(self, *args) -> bool:
-        assert self.done, "the executor must poll is_completed() before wait() on NCCL"
-        return True
-
-
-class _GroupWork:
-    def __init__(self, parts: list[_Work]) -> None:
-        self.parts = parts
-
-    def is_completed(self) -> bool:
-        return all(p.done for p in self.parts)
-
-    def wait(self, *args) -> bool:
-        assert self.is_completed()
-        return True
-
-
-class _Hub:
-    """Matches sends and receives per (src, dst) in posting order, like NCCL P2P."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sends: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.recvs: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.max_batch = 0
-
-    def post(self, src: int, dst: int, t: torch.Tensor, w: _Work, is_send: bool) -> None:
-        with self.lock:
-            mine, other = (self.sends, self.recvs) if is_send else (self.recvs, self.sends)
-            if other[(src, dst)]:
-                t2, w2 = other[(src, dst)].popleft()
-                s, r = (t, t2) if is_send else (t2, t)
-                assert s.numel() == r.numel(), "chunk sizes differ between the two ends"
-                r.copy_(s)
-                w.done = w2.done = True
-            else:
-                mine[(src, dst)].append((t, w))
-
-
-class _FakeNccl:
-    def __init__(self, hub: _Hub, rank: int) -> None:
-        self.hub, self.rank, self.batch = hub, rank, None
-
-    def _start_coalescing(self) -> None:
-        assert self.batch is None
-        self.batch = []
-
-    def _end_coalescing(self) -> _GroupWork:
-        batch, self.batch = self.batch, None
-        assert batch, "empty coalesced batch"
-        self.hub.max_batch = max(self.hub.max_batch, len(batch))
-        return _GroupWork(batch)
-
-    def _op(self, t: torch.Tensor, peer: int, is_send: bool) -> _Work:
-        assert self.batch is not None, "NCCL P2P must be issued inside a coalesced batch"
-        assert t.is_contiguous() and t.dtype == torch.uint8
-        w = _Work()
-        src, dst = (self.rank, peer) if is_send else (peer, self.rank)
-        self.hub.post(src, dst, t, w, is_send)
-        self.batch.append(w)
-        return w
-
-    def send(self, tensors, dst, tag):
-        return self._op(tensors[0], dst, True)
-
-    def recv(self, tensors, src, tag):
-        return self._op(tensors[0], src, False)
 
 
 def _run_threads(fns, timeout_s: float = 30.0) -> list:
@@ -154,7 +80,7 @@ def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int, direct_bytes: int) ->
     for q in range(R):
         assert diff_tensors(dsts[q], materialize(r.rollout.ranks[q], canon, fill=3.0)) == []
     assert hub.max_batch >= 2  # several peers/directions per coalesced batch
-    assert all(not d for d in hub.sends.values()) and all(not d for d in hub.recvs.values())
+    assert hub.pending() == 0
 
 
 def test_nccl_branch_deadline_names_the_peer() -> None:

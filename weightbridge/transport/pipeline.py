@@ -48,14 +48,7 @@ from weightbridge.tensors import direct_view, pack_items, unpack_items
 from weightbridge.transport import delta as wd
 from weightbridge.transport.comm import RoundComm
 from weightbridge.transport.errors import ChecksumError, DeltaBaseMismatch, MalformedBucket
-from weightbridge.transport.wire import (
-    Transfer,
-    checksum,
-    combine_checksums,
-    read_trailer,
-    wire_buffer,
-    write_trailer,
-)
+from weightbridge.transport.wire import Transfer, bucket_sum, read_trailer, resolve, wire_buffer, write_trailer
 
 if TYPE_CHECKING:
     from weightbridge.transport.executor import Executor
@@ -139,6 +132,8 @@ class RoundPipeline:
         self.lock = threading.Lock()  # guards the stats the worker updates
         self.worker = _worker(ex, self.n)
         self.last_post: cf.Future | None = None  # the post of the previous round
+        # NCCL: checksums computed on the device, one host synchronisation per round (wire.py)
+        self.on_device = ex.group.backend == "nccl"
 
     def run(self, on_round: Callable[[int, ExecStats], None] | None) -> ExecStats:
         """Every round of the rank, in plan order (module docstring); frees the worker (and the
@@ -248,7 +243,7 @@ class RoundPipeline:
                 end = self.encode(ridx, b, tr.buf)
                 tr.length = end + ex.trailer
                 if ex.checksums:
-                    write_trailer(tr.buf, end, checksum(tr.buf[:end]))
+                    write_trailer(tr.buf, end, bucket_sum([tr.buf[:end]], self.on_device))
                 ex._after_pack(ridx, tr.peer, tr.buf[: end + ex.trailer])
             out.append(tr)
         with self.lock:
@@ -313,10 +308,27 @@ class RoundPipeline:
                 else:
                     self.stats.zero_copy_bytes_received += zero_copy
 
-    def checksum(self, tr: Transfer) -> int:
+    def checksum(self, tr: Transfer) -> int | torch.Tensor:
         """The bucket's trailer value over what its messages carry (packed part, then direct items)."""
         buf = wire_buffer(tr, self.ex.group, -1)
-        return combine_checksums([checksum(buf[: tr.packed])] + [checksum(m) for m in tr.direct])
+        return bucket_sum([buf[: tr.packed]] + list(tr.direct), self.on_device)
+
+    def verify(self, ridx: int, receives: list[Transfer]) -> None:
+        """Compare every received bucket's trailer with its sum (on NCCL: all fetched at once, the round's
+        one host synchronisation); :class:`ChecksumError` for the first that differs, before any unpack."""
+        ex, values = self.ex, []
+        for tr in receives:
+            buf = wire_buffer(tr, ex.group, ridx)
+            end = tr.packed if ex.delta == "off" else tr.header.length
+            values += [read_trailer(buf, end), self.checksum(tr) if ex.delta == "off" else
+                       bucket_sum([buf[:end]], self.on_device)]
+        values = resolve(values)
+        for k, tr in enumerate(receives):
+            want, got = values[2 * k], values[2 * k + 1]
+            if want != got:
+                size = tr.bucket.nbytes if ex.delta == "off" else tr.header.length
+                raise ex.group.error(ChecksumError, tr.peer, ridx, f"bucket of {size} B from "
+                                     f"{ex.group.describe_rank(tr.peer)}: checksum {got:#x}, sender sent {want:#x}")
 
     def post(self, i: int, transfers: list[Transfer]) -> None:
         """Verify and unpack round ``i``'s receives into the target; release the round's buffers."""
@@ -324,20 +336,11 @@ class RoundPipeline:
         ridx = ex.my_rounds[i][0]
         ts = time.perf_counter()
         try:
-            for tr in transfers:
-                if tr.send:
-                    continue
-                b, buf = tr.bucket, wire_buffer(tr, ex.group, ridx)
-                end = tr.packed if ex.delta == "off" else tr.header.length
-                if ex.checksums:
-                    want = read_trailer(buf, end)
-                    got = self.checksum(tr) if ex.delta == "off" else checksum(buf[:end])
-                    if want != got:
-                        raise ex.group.error(
-                            ChecksumError, tr.peer, ridx,
-                            f"bucket of {b.nbytes if ex.delta == 'off' else end} B from "
-                            f"{ex.group.describe_rank(tr.peer)}: checksum {got:#x}, sender sent {want:#x}",
-                        )
+            receives = [tr for tr in transfers if not tr.send]
+            if ex.checksums:
+                self.verify(ridx, receives)
+            for tr in receives:
+                buf = wire_buffer(tr, ex.group, ridx)
                 if ex.delta == "off":
                     for items, off in tr.unpack:
                         unpack_items(items, buf, self.target, off)  # type: ignore[arg-type]
