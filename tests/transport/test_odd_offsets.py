@@ -7,8 +7,6 @@ or bool items) the next bucket's buffer, and its checksum input, start at an odd
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -16,8 +14,7 @@ from weightbridge.layout.box import full_box
 from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout
 from weightbridge.plan import build_plan
 from weightbridge.tensors import diff_tensors, empty_like_layout, materialize, torch_dtype
-from weightbridge.testing.loopback import LoopbackHub, LoopbackNccl
-from weightbridge.transport import BridgeGroup, Executor
+from weightbridge.testing.loopback import LoopbackWorld
 from weightbridge.transport.wire import bucket_sum, poly_hash, read_trailer, resolve, write_trailer
 
 
@@ -81,28 +78,9 @@ def test_the_nccl_path_moves_odd_sized_items_bitwise_with_checksums(direct_bytes
     plan = build_plan(trainer, rollout, round_bytes=1 << 20)
     sizes = [b.nbytes for rnd in plan.rounds for b in rnd.buckets]
     assert sizes == [3 + 10 + 5 + 7 + 16] * 2  # 41 B each: with the trailer, the second starts at 49
-    hub, cpu = LoopbackHub(), torch.device("cpu")
-    groups = [BridgeGroup(LoopbackNccl(hub, r), r, 3, "nccl", 1, 5.0, cpu) for r in range(3)]
-    ex = [Executor(plan, groups[0], side="trainer", rank=0, device=cpu, checksums=True, direct_bytes=direct_bytes)]
-    ex += [Executor(plan, groups[1 + q], side="rollout", rank=q, device=cpu, checksums=True,
-                    direct_bytes=direct_bytes) for q in range(2)]
-    src = materialize(trainer.ranks[0], canon)
+    world = LoopbackWorld(plan, checksums=True, direct_bytes=direct_bytes)
     dsts = [empty_like_layout(rollout.ranks[q]) for q in range(2)]
-    errors: list[BaseException] = []
-
-    def run(fn) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(f,), daemon=True) for f in
-               (lambda: ex[0].run(src), lambda: ex[1].run(dsts[0]), lambda: ex[2].run(dsts[1]))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads) and errors == []
+    world.run([materialize(trainer.ranks[0], canon)], dsts, wall_s=30)
     for q in range(2):
         assert diff_tensors(dsts[q], materialize(rollout.ranks[q], canon)) == []
-    assert hub.pending() == 0
+    assert world.hub.pending() == 0

@@ -44,8 +44,8 @@ def _record(t: torch.Tensor) -> Any:
 class LoopbackWork:
     """One coalesced batch: complete when every op's copy completed (``strict``: ``wait()`` only after)."""
 
-    def __init__(self, ops: list[_Op], strict: bool = True) -> None:
-        self.ops, self.strict = ops, strict
+    def __init__(self, ops: list[_Op], strict: bool = True, on_wait: Any = None) -> None:
+        self.ops, self.strict, self.on_wait = ops, strict, on_wait
 
     def is_completed(self) -> bool:
         return all(op.done and (op.event is None or op.event.query()) for op in self.ops)
@@ -56,6 +56,9 @@ class LoopbackWork:
         for op in self.ops:
             if op.event is not None:
                 torch.cuda.current_stream(op.tensor.device).wait_event(op.event)
+        if self.on_wait is not None:
+            self.on_wait, on_wait = None, self.on_wait
+            on_wait()
         return True
 
 
@@ -68,6 +71,8 @@ class LoopbackHub:
         self.recvs: dict[tuple[int, int], deque] = defaultdict(deque)
         self.max_batch = 0  # the most ops seen in one batch
         self.batches = 0
+        self.in_flight: dict[int, int] = defaultdict(int)  # per rank: batches issued and not yet waited for
+        self.max_in_flight = 0
 
     def post(self, src: int, dst: int, op: _Op, is_send: bool) -> None:
         with self.lock:
@@ -114,10 +119,18 @@ class LoopbackNccl:
     def _end_coalescing(self) -> LoopbackWork:
         batch, self.batch = self.batch, None
         assert batch, "empty coalesced batch"
-        with self.hub.lock:
-            self.hub.max_batch = max(self.hub.max_batch, len(batch))
-            self.hub.batches += 1
-        return LoopbackWork(batch, self.strict)
+        hub = self.hub
+        with hub.lock:
+            hub.max_batch = max(hub.max_batch, len(batch))
+            hub.batches += 1
+            hub.in_flight[self.rank] += 1
+            hub.max_in_flight = max(hub.max_in_flight, hub.in_flight[self.rank])
+
+        def waited() -> None:
+            with hub.lock:
+                hub.in_flight[self.rank] -= 1
+
+        return LoopbackWork(batch, self.strict, waited)
 
     def _op(self, t: torch.Tensor, peer: int, is_send: bool) -> _Op:
         assert self.batch is not None, "NCCL P2P must be issued inside a coalesced batch"
@@ -141,4 +154,55 @@ class LoopbackNccl:
         pass
 
 
-__all__ = ["LoopbackHub", "LoopbackNccl", "LoopbackWork"]
+class LoopbackWorld:
+    """Every rank of ``plan`` as an :class:`~weightbridge.transport.executor.Executor` of this process on one
+    hub (bridge ranks: trainers first); :meth:`run` runs one update with a thread per rank."""
+
+    def __init__(self, plan: Any, *, device: torch.device | str = "cpu", timeout_s: float = 5.0,
+                 **executor_kwargs: Any) -> None:
+        from weightbridge.transport.executor import Executor
+        from weightbridge.transport.group import BridgeGroup
+
+        device = torch.device(device)
+        S, R = plan.num_senders, plan.num_receivers
+        self.hub = LoopbackHub()
+        self.groups = [BridgeGroup(LoopbackNccl(self.hub, b), b, S + R, "nccl", S, timeout_s, device)
+                       for b in range(S + R)]
+        self.trainers = [Executor(plan, self.groups[t], side="trainer", rank=t, device=device, **executor_kwargs)
+                         for t in range(S)]
+        self.rollouts = [Executor(plan, self.groups[S + q], side="rollout", rank=q, device=device, **executor_kwargs)
+                         for q in range(R)]
+
+    def run(self, sources: list[Any], dsts: list[Any], *, version: int | None = None, wall_s: float = 60.0,
+            caller: Any = None) -> list[Any]:
+        """One update: trainer ``t`` sends ``sources[t]``, rollout ``q`` receives into ``dsts[q]``; the ranks'
+        ``ExecStats`` (trainers first). ``caller(side, rank, fn)`` calls ``fn()`` on the rank's thread (a
+        test's context, e.g. a CUDA stream); the first rank's error is raised; a rank still running after
+        ``wall_s`` is an ``AssertionError``."""
+        jobs = [("trainer", t, lambda ex=ex, s=sources[t]: ex.run(s, version=version))
+                for t, ex in enumerate(self.trainers)]
+        jobs += [("rollout", q, lambda ex=ex, d=dsts[q]: ex.run(d, version=version)) for q, ex in enumerate(self.rollouts)]
+        out: list[Any] = [None] * len(jobs)
+
+        def body(i: int, side: str, rank: int, fn: Any) -> None:
+            try:
+                out[i] = ("ok", fn() if caller is None else caller(side, rank, fn))
+            except BaseException as exc:  # noqa: BLE001 - raised below, on the calling thread
+                out[i] = ("error", exc)
+
+        threads = [threading.Thread(target=body, args=(i, *job), daemon=True, name=f"loopback-{job[0]}-{job[1]}")
+                   for i, job in enumerate(jobs)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(wall_s)
+        hung = [th.name for th in threads if th.is_alive()]
+        if hung:
+            raise AssertionError(f"ranks still running after {wall_s:g} s: {', '.join(hung)}")
+        for status, value in out:
+            if status == "error":
+                raise value
+        return [value for _, value in out]
+
+
+__all__ = ["LoopbackHub", "LoopbackNccl", "LoopbackWork", "LoopbackWorld"]
