@@ -102,17 +102,35 @@ class _Inline:
         pass
 
 
+class _OnStream:
+    """A background worker thread whose every task runs with the executor's stream current (CUDA)."""
+
+    def __init__(self, ex: Executor) -> None:
+        init = None
+        if ex.streams.device.type == "cuda":
+            dev = ex.streams.device
+
+            def init() -> None:
+                torch.cuda.set_device(dev)
+
+        self.pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+        self.streams = ex.streams
+
+    def _run(self, fn: Callable, *args: Any) -> Any:
+        with self.streams.use():
+            return fn(*args)
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        return self.pool.submit(self._run, fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
 def _worker(ex: Executor, rounds: int) -> Any:
     if ex.overlap != "thread" or rounds == 0:
         return _Inline()
-    init = None
-    if ex.wire_device.type == "cuda":
-        dev = ex.wire_device
-
-        def init() -> None:
-            torch.cuda.set_device(dev)
-
-    return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+    return _OnStream(ex)
 
 
 class RoundPipeline:
