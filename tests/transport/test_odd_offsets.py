@@ -10,11 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weightbridge.layout.box import full_box
-from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout
 from weightbridge.plan import build_plan
-from weightbridge.tensors import diff_tensors, empty_like_layout, materialize, torch_dtype
-from weightbridge.testing.loopback import LoopbackWorld
+from weightbridge.tensors import diff_tensors, empty_like_layout, materialize
+from weightbridge.testing.loopback import LoopbackWorld, odd_sized_layouts
 from weightbridge.transport.wire import bucket_sum, poly_hash, read_trailer, resolve, write_trailer
 
 
@@ -51,30 +49,9 @@ def test_trailers_are_written_and_read_at_odd_offsets_without_leaving_the_device
     assert read_trailer(buf[3:], 5) == resolve([value])[0] == poly_hash(torch.arange(11, dtype=torch.uint8))
 
 
-def _layouts() -> tuple[SideLayout, SideLayout, dict[str, torch.Tensor]]:
-    """One trainer holding int8 [3], bfloat16 [5], bool [5], float8 [7] and float32 [4] tensors; two rollout
-    instances of one rank each: the trainer's slab holds two 41 B buckets (+ 8 B trailers), the second
-    one at offset 49."""
-    specs = {"a": ("int8", (3,)), "b": ("bfloat16", (5,)), "c": ("bool", (5,)), "d": ("float8_e4m3fn", (7,)),
-             "e": ("float32", (4,))}
-    g = torch.Generator().manual_seed(11)
-    canon = {}
-    for name, (dt, shape) in specs.items():
-        vals = torch.randint(-100, 100, shape, generator=g)
-        canon[name] = (vals > 0) if dt == "bool" else vals.to(torch.float32).div(7).to(torch_dtype(dt))
-
-    def rank(side: str, r: int) -> RankLayout:
-        ts = tuple(LocalTensor(n, s, dt, (Piece(n, full_box(s), full_box(s), False),)) for n, (dt, s) in specs.items())
-        return RankLayout(side, r, ts, instance=r if side == "rollout" else 0)
-
-    trainer = SideLayout("trainer", (rank("trainer", 0),))
-    rollout = SideLayout("rollout", (rank("rollout", 0), rank("rollout", 1)), num_instances=2)
-    return trainer, rollout, canon
-
-
 @pytest.mark.parametrize("direct_bytes", [1 << 20, 4], ids=["packed", "direct"])
 def test_the_nccl_path_moves_odd_sized_items_bitwise_with_checksums(direct_bytes: int) -> None:
-    trainer, rollout, canon = _layouts()
+    trainer, rollout, canon = odd_sized_layouts()
     plan = build_plan(trainer, rollout, round_bytes=1 << 20)
     sizes = [b.nbytes for rnd in plan.rounds for b in rnd.buckets]
     assert sizes == [3 + 10 + 5 + 7 + 16] * 2  # 41 B each: with the trailer, the second starts at 49

@@ -1,12 +1,14 @@
-"""A CPU stand-in for the part of ``torch.cuda`` an executor's streams use, recording what happens.
+"""CPU stand-ins for what a CUDA rank has: ``torch.cuda``'s streams (recorded) and a stated GPU identity.
 
-Harness (tests, ``bench/gpu_readiness.py --dry-run``); never imported by product code. It has the
-surface :class:`~weightbridge.transport.streams.ExecStreams` calls (``Stream``, ``Event``,
-``current_stream``, ``stream``) with per-thread current streams as CUDA has, and logs every record,
-wait and synchronisation, so a test can check the order (the executor's stream waits for the
-caller's before packing; the caller's stream and the host wait for the executor's at the end) on a
-machine without a GPU. It moves no data and orders nothing: on CPU every copy is already complete
-when it returns.
+Harness (tests, ``bench/gpu_readiness.py --dry-run``); never imported by product code.
+
+:class:`RecordingCuda` has the surface :class:`~weightbridge.transport.streams.ExecStreams` calls
+(``Stream``, ``Event``, ``current_stream``, ``stream``) with per-thread current streams as CUDA has,
+and logs every record, wait and synchronisation, so a test can check the order (the executor's
+stream waits for the caller's before packing; the caller's stream and the host wait for the
+executor's at the end) on a machine without a GPU. It moves no data and orders nothing: on CPU every
+copy is already complete when it returns. :class:`StatedIdentityPlane` states a GPU identity in the
+handshake.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from weightbridge.sync.dataplane import TransportDataPlane
+from weightbridge.sync.messages import DeviceIdentity
+from weightbridge.transport.identity import host_identity
 
 
 class StandInStream:
@@ -78,4 +84,21 @@ class RecordingCuda:
             self._local.stream = before
 
 
-__all__ = ["RecordingCuda", "StandInEvent", "StandInStream"]
+class StatedIdentityPlane(TransportDataPlane):
+    """The real Gloo data plane stating another backend and device in its hello (``stated``: the fields of a
+    :class:`~weightbridge.sync.messages.DeviceIdentity` but the host, which is this one's): what a rank on
+    a GPU states, on CPU. For handshakes that must refuse it, so ``connect`` (the first backend call)
+    raises ``AssertionError`` if reached."""
+
+    def __init__(self, stated: dict) -> None:
+        super().__init__(transport="gloo", device="cpu")
+        self.stated = dict(stated)
+
+    def identity(self) -> DeviceIdentity:
+        return DeviceIdentity(host=host_identity(), **self.stated)
+
+    def connect(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("connect() called although the handshake should have refused this rank")
+
+
+__all__ = ["RecordingCuda", "StandInEvent", "StandInStream", "StatedIdentityPlane"]

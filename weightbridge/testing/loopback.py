@@ -73,6 +73,8 @@ class LoopbackHub:
         self.batches = 0
         self.in_flight: dict[int, int] = defaultdict(int)  # per rank: batches issued and not yet waited for
         self.max_in_flight = 0
+        self._reductions: dict[int, list] = {}  # the n-th all-reduce: [contributions, done flag holder]
+        self._reduced: dict[int, int] = defaultdict(int)  # per rank: all-reduces posted
 
     def post(self, src: int, dst: int, op: _Op, is_send: bool) -> None:
         with self.lock:
@@ -98,6 +100,24 @@ class LoopbackHub:
             recv.tensor.copy_(send.tensor)
         send.done = recv.done = True
 
+    def allreduce(self, rank: int, size: int, t: torch.Tensor) -> _Op:
+        """Rank ``rank``'s part of an all-reduce (sum) of ``size`` ranks: complete once all of them posted
+        (a group's first all-reduce creates its communicator: a rank that never comes leaves it pending)."""
+        op = _Op(t)
+        with self.lock:
+            n = self._reduced[rank]
+            self._reduced[rank] += 1
+            parts = self._reductions.setdefault(n, [])
+            parts.append(op)
+            if len(parts) < size:
+                return op
+            del self._reductions[n]
+        total = sum(o.tensor for o in parts)
+        for o in parts:
+            o.tensor.copy_(total)
+            o.done = True
+        return op
+
     def pending(self) -> int:
         """Ops posted and never matched (0 after a clean run)."""
         with self.lock:
@@ -107,8 +127,8 @@ class LoopbackHub:
 class LoopbackNccl:
     """Bridge rank ``rank``'s backend object on ``hub`` (``BridgeGroup(LoopbackNccl(hub, r), r, ..., "nccl", ...)``)."""
 
-    def __init__(self, hub: LoopbackHub, rank: int, strict: bool = True) -> None:
-        self.hub, self.rank, self.strict = hub, rank, strict
+    def __init__(self, hub: LoopbackHub, rank: int, strict: bool = True, size: int = 1) -> None:
+        self.hub, self.rank, self.strict, self.size = hub, rank, strict, size
         self.batch: list[_Op] | None = None
         self.aborted = False
 
@@ -147,11 +167,26 @@ class LoopbackNccl:
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> _Op:
         return self._op(tensors[0], src, False)
 
+    def allreduce(self, tensors: list[torch.Tensor]) -> LoopbackWork:
+        return LoopbackWork([self.hub.allreduce(self.rank, self.size, tensors[0])], self.strict)
+
     def abort(self) -> None:
         self.aborted = True
 
     def shutdown(self) -> None:
         pass
+
+
+def loopback_parts(hub: LoopbackHub) -> Any:
+    """:class:`~weightbridge.transport.group.NcclParts` building :class:`LoopbackNccl` groups on ``hub`` (CPU):
+    ``create_bridge_group(backend="nccl")``'s creation logic (helper thread, first all-reduce, deadline,
+    abort) without NCCL. Install it with ``monkeypatch.setattr(group, "_nccl_parts", lambda device: parts)``."""
+    from weightbridge.transport.group import NcclParts, first_allreduce
+
+    def make(store: Any, rank: int, world_size: int, timeout_s: float) -> LoopbackNccl:
+        return LoopbackNccl(hub, rank, size=world_size)
+
+    return NcclParts(torch.device("cpu"), make, lambda pg, abandoned: first_allreduce(pg, torch.zeros(1), abandoned))
 
 
 class LoopbackWorld:
@@ -166,7 +201,7 @@ class LoopbackWorld:
         device = torch.device(device)
         S, R = plan.num_senders, plan.num_receivers
         self.hub = LoopbackHub()
-        self.groups = [BridgeGroup(LoopbackNccl(self.hub, b), b, S + R, "nccl", S, timeout_s, device)
+        self.groups = [BridgeGroup(LoopbackNccl(self.hub, b, size=S + R), b, S + R, "nccl", S, timeout_s, device)
                        for b in range(S + R)]
         self.trainers = [Executor(plan, self.groups[t], side="trainer", rank=t, device=device, **executor_kwargs)
                          for t in range(S)]
@@ -205,4 +240,29 @@ class LoopbackWorld:
         return [value for _, value in out]
 
 
-__all__ = ["LoopbackHub", "LoopbackNccl", "LoopbackWork", "LoopbackWorld"]
+def odd_sized_layouts() -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """``(trainer, rollout, canonical tensors)``: one trainer holding int8 [3], bfloat16 [5], bool [5],
+    float8 [7] and float32 [4] tensors, two rollout instances of one rank each, so the trainer's slab holds
+    two 41 B buckets (+ 8 B trailers), the second one at offset 49 (an odd storage offset)."""
+    from weightbridge.layout.box import full_box
+    from weightbridge.layout.ir import LocalTensor, Piece, RankLayout, SideLayout
+    from weightbridge.tensors import torch_dtype
+
+    specs = {"a": ("int8", (3,)), "b": ("bfloat16", (5,)), "c": ("bool", (5,)), "d": ("float8_e4m3fn", (7,)),
+             "e": ("float32", (4,))}
+    g = torch.Generator().manual_seed(11)
+    canon = {}
+    for name, (dt, shape) in specs.items():
+        vals = torch.randint(-100, 100, shape, generator=g)
+        canon[name] = (vals > 0) if dt == "bool" else vals.to(torch.float32).div(7).to(torch_dtype(dt))
+
+    def rank(side: str, r: int) -> Any:
+        ts = tuple(LocalTensor(n, s, dt, (Piece(n, full_box(s), full_box(s), False),)) for n, (dt, s) in specs.items())
+        return RankLayout(side, r, ts, instance=r if side == "rollout" else 0)
+
+    trainer = SideLayout("trainer", (rank("trainer", 0),))
+    rollout = SideLayout("rollout", (rank("rollout", 0), rank("rollout", 1)), num_instances=2)
+    return trainer, rollout, canon
+
+
+__all__ = ["LoopbackHub", "LoopbackNccl", "LoopbackWork", "LoopbackWorld", "loopback_parts", "odd_sized_layouts"]

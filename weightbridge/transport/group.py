@@ -394,14 +394,20 @@ def _nccl_parts(device: torch.device | str | None) -> NcclParts:
 
     def init(pg: Any, abandoned: Callable[[], bool]) -> None:
         torch.cuda.set_device(dev)  # this helper thread's current device
-        work = pg.allreduce([torch.zeros(1, device=dev)])
-        while not work.is_completed():
-            if abandoned():
-                return
-            time.sleep(0.001)
-        work.wait()
+        first_allreduce(pg, torch.zeros(1, device=dev), abandoned)
 
     return NcclParts(dev, make, init)
+
+
+def first_allreduce(pg: Any, t: torch.Tensor, abandoned: Callable[[], bool]) -> None:
+    """A fresh NCCL group's first all-reduce (it creates the communicator), polled until complete or
+    ``abandoned()``."""
+    work = pg.allreduce([t])
+    while not work.is_completed():
+        if abandoned():
+            return
+        time.sleep(0.001)
+    work.wait()
 
 
 def wait_work(
