@@ -1,4 +1,4 @@
-"""Torch tensor helpers (pure torch, no torch.distributed): the one place for dtype names and box copies.
+"""Torch tensor helpers (pure torch, no process group): the one place for dtype names and box copies.
 
 * dtype names: :func:`torch_dtype` (``"bfloat16"`` -> ``torch.bfloat16``) and :func:`dtype_name`
   (the inverse), the only conversion between the IR's dtype strings and torch dtypes;

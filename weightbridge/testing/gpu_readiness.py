@@ -251,4 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as the importable module, not as __main__: stage processes import their functions by name
+    from weightbridge.testing import gpu_readiness as _module
+
+    sys.exit(_module.main())

@@ -28,10 +28,11 @@ are :class:`~weightbridge.transport.pipeline.RoundPipeline`'s methods):
    ``chunk_bytes`` (a pure function of the message size, so both ends of a pair cut identically).
    Gloo: every chunk of the round is issued at once (several in flight per pair), then waited for
    with the group's deadline. NCCL: wave ``k`` issues chunk ``k`` of every message as one coalesced
-   batch (like ``dist.batch_isend_irecv``) and waits for it; wave ``k`` on a rank contains the send of
-   a chunk iff wave ``k`` on the peer contains its receive, so batches stay bounded and symmetric and
-   cannot deadlock;
-3. *post*: verify checksums, unpack what arrived in the wire buffers into the destination
+   batch (like ``dist.batch_isend_irecv``); wave ``k`` on a rank contains the send of a chunk iff
+   wave ``k`` on the peer contains its receive, so batches stay bounded and symmetric and cannot
+   deadlock, and every wave is issued before the round waits (once);
+3. *post*: verify checksums (NCCL: computed on the device, a round's values fetched at once),
+   unpack what arrived in the wire buffers into the destination
    (:func:`~weightbridge.tensors.unpack_items`, casts to the destination dtype), which
    releases the round's slab for round ``r+2``.
 
