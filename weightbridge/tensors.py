@@ -220,8 +220,10 @@ def pack_items(items: Sequence, tensors: Mapping[str, torch.Tensor], out: torch.
             if len(dsts) == BATCH:
                 foreach_copy(dsts, srcs)
                 dsts, srcs = [], []
-        else:  # starts at an offset not aligned to its element size: stage through a temporary
-            out[off : off + nbytes].copy_(src.to(dt).contiguous().view(-1).view(torch.uint8))
+        else:  # starts at an offset not aligned to its element size: stage through a temporary (dense
+            # strides: a size-1 box of a strided tensor counts as contiguous but keeps its stride)
+            out[off : off + nbytes].copy_(src.to(dt).reshape(-1).clone(memory_format=torch.contiguous_format)
+                                          .view(torch.uint8))
     foreach_copy(dsts, srcs)
     return end
 

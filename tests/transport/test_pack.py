@@ -284,3 +284,14 @@ def test_consecutive_items_of_one_tensor_are_one_copy() -> None:
     cast = rows[:2] + [rows[2]._replace(dtype="bfloat16", nbytes=16)]
     assert len(copy_runs(cast, tensors, 0, dst=True)) == 2  # another wire dtype: not merged
     assert [len(r) for r in copy_runs(rows, {"w": torch.zeros(4, 8).T, "a": tensors["a"]}, 0, dst=True)] == [2] * 4
+
+
+def test_a_cast_one_element_box_of_a_strided_tensor_at_a_misaligned_offset() -> None:
+    """Found by the property test above: staging such an item raised ``stride(-1) must be 1`` (a size-1 box
+    of a tensor stored transposed counts as contiguous but keeps its stride through ``.to()``)."""
+    src = {"v": torch.ones(1), "s": rand((1, 3)).T}
+    items = [item(((0, 1),), "v", ((0, 1),), "x", ((0, 1),), dtype="int8"),
+             item(((2, 3), (0, 1)), "s", ((2, 3), (0, 1)), "y", ((2, 3), (0, 1)), dtype="bfloat16")]
+    buf = torch.zeros(3, dtype=torch.uint8)
+    pack_items(items, src, buf)  # the bfloat16 item at offset 1
+    assert torch.equal(buf, brute_pack(items, src))
