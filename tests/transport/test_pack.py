@@ -237,7 +237,7 @@ def test_a_bucket_in_several_messages_has_one_trailer_and_one_message_keeps_its_
     assert a != b and 0 <= a < 1 << 63
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_copy_runs_pack_and_unpack_like_brute_force(data) -> None:
     """Items that follow each other in one contiguous tensor go as one copy (``copy_runs``): row blocks of
