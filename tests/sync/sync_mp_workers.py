@@ -16,30 +16,13 @@ from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge, loa
 from weightbridge.errors import BridgeError, TornModelError
 from weightbridge.tensors import layout_mismatches
 from weightbridge.tensors import materialize, torch_dtype
-from weightbridge.sync.dataplane import TransportDataPlane
-from weightbridge.sync.messages import DeviceIdentity
+from weightbridge.testing._internal.cuda_standin import StatedIdentityPlane
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.identity import host_identity
 from weightbridge.transport.store import open_store
 
 HOST = "127.0.0.1"
 TYPED = (BridgeError, TransportError)
-
-
-class StatedIdentityPlane(TransportDataPlane):
-    """The real Gloo data plane stating another backend and device in its hello (``opts['identity']``: the
-    fields of a ``DeviceIdentity``): what a CUDA rank would state, on CPU. Its handshake must fail, so
-    ``connect`` (the first backend call) is never reached."""
-
-    def __init__(self, stated: dict) -> None:
-        super().__init__(transport="gloo", device="cpu")
-        self.stated = stated
-
-    def identity(self):
-        return DeviceIdentity(host=host_identity(), **self.stated)
-
-    def connect(self, *args, **kwargs) -> None:
-        raise AssertionError("connect() called although the handshake should have refused this rank")
 
 
 def _options(opts: dict, on_round) -> BridgeOptions:

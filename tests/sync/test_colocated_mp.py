@@ -18,7 +18,7 @@ import pytest
 import sync_colocated_workers as C
 from sync_harness import spec_text
 from weightbridge.sync.auth import Signer, new_secret
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport.segment import SHM_DIR, job_tag, segments
 from weightbridge.transport.store import open_store
 

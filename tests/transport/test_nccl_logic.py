@@ -1,23 +1,25 @@
 """The executor's NCCL branch (coalesced batches, host-side polling deadline) against an in-process fake.
 
-No GPU here: a fake backend object with the ``ProcessGroupNCCL`` surface the executor uses
-(``_start_coalescing`` / ``send`` / ``recv`` / ``_end_coalescing`` returning one work whose
-``is_completed()`` is polled) connects executors running in threads of this process, on CPU
-tensors. It checks the batching logic and the deadline handling of that branch; the real NCCL
-calls are exercised by ``bench/gpu_check.py`` on a GPU machine.
+No GPU here: the loopback stand-in (:mod:`weightbridge.testing._internal.loopback`: the ``ProcessGroupNCCL``
+surface the executor uses, ``_start_coalescing`` / ``send`` / ``recv`` / ``_end_coalescing`` returning
+one work whose ``is_completed()`` is polled) connects executors running in threads of this process,
+on CPU tensors. It checks the batching logic, the device checksums and the deadline handling of that
+branch; the real NCCL calls are exercised by ``bench/gpu_readiness.py`` and ``bench/gpu_check.py`` on
+a GPU machine.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict, deque
 
 import pytest
 import torch
 
 from weightbridge.plan import build_plan
 from weightbridge.spec.resolve import check_text
+from weightbridge.testing._internal.loopback import LoopbackHub as _Hub
+from weightbridge.testing._internal.loopback import LoopbackNccl as _FakeNccl
+from weightbridge.testing._internal.loopback import LoopbackWorld
 from weightbridge.transport import BridgeGroup, Executor, PeerTimeout
 from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize
 
@@ -29,100 +31,6 @@ rollout: {preset: vllm, instances: 2, mesh: {tp: 2}}
 """
 
 
-class _Work:
-    def __init__(self) -> None:
-        self.done = False
-
-    def is_completed(self) -> bool:
-        return self.done
-
-    def wait(self, *args) -> bool:
-        assert self.done, "the executor must poll is_completed() before wait() on NCCL"
-        return True
-
-
-class _GroupWork:
-    def __init__(self, parts: list[_Work]) -> None:
-        self.parts = parts
-
-    def is_completed(self) -> bool:
-        return all(p.done for p in self.parts)
-
-    def wait(self, *args) -> bool:
-        assert self.is_completed()
-        return True
-
-
-class _Hub:
-    """Matches sends and receives per (src, dst) in posting order, like NCCL P2P."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sends: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.recvs: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.max_batch = 0
-
-    def post(self, src: int, dst: int, t: torch.Tensor, w: _Work, is_send: bool) -> None:
-        with self.lock:
-            mine, other = (self.sends, self.recvs) if is_send else (self.recvs, self.sends)
-            if other[(src, dst)]:
-                t2, w2 = other[(src, dst)].popleft()
-                s, r = (t, t2) if is_send else (t2, t)
-                assert s.numel() == r.numel(), "chunk sizes differ between the two ends"
-                r.copy_(s)
-                w.done = w2.done = True
-            else:
-                mine[(src, dst)].append((t, w))
-
-
-class _FakeNccl:
-    def __init__(self, hub: _Hub, rank: int) -> None:
-        self.hub, self.rank, self.batch = hub, rank, None
-
-    def _start_coalescing(self) -> None:
-        assert self.batch is None
-        self.batch = []
-
-    def _end_coalescing(self) -> _GroupWork:
-        batch, self.batch = self.batch, None
-        assert batch, "empty coalesced batch"
-        self.hub.max_batch = max(self.hub.max_batch, len(batch))
-        return _GroupWork(batch)
-
-    def _op(self, t: torch.Tensor, peer: int, is_send: bool) -> _Work:
-        assert self.batch is not None, "NCCL P2P must be issued inside a coalesced batch"
-        assert t.is_contiguous() and t.dtype == torch.uint8
-        w = _Work()
-        src, dst = (self.rank, peer) if is_send else (peer, self.rank)
-        self.hub.post(src, dst, t, w, is_send)
-        self.batch.append(w)
-        return w
-
-    def send(self, tensors, dst, tag):
-        return self._op(tensors[0], dst, True)
-
-    def recv(self, tensors, src, tag):
-        return self._op(tensors[0], src, False)
-
-
-def _run_threads(fns, timeout_s: float = 30.0) -> list:
-    out: list = [None] * len(fns)
-
-    def wrap(i, fn):
-        try:
-            out[i] = ("ok", fn())
-        except BaseException as exc:  # noqa: BLE001
-            out[i] = ("error", exc)
-
-    threads = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    return out
-
-
 @pytest.mark.parametrize(("chunk_bytes", "direct_bytes"), [(1000, 1 << 20), (64 << 20, 1 << 20), (1000, 64), (64 << 20, 64)])
 def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int, direct_bytes: int) -> None:
     """Also with large items as messages of their own (``direct_bytes`` 64: zero-copy where contiguous)."""
@@ -130,31 +38,17 @@ def test_nccl_branch_moves_bytes_bitwise(chunk_bytes: int, direct_bytes: int) ->
     assert not problems
     plan = build_plan(r.trainer, r.rollout, round_bytes=16 << 10, receiver_dedup="on")
     S, R = r.trainer.world_size, r.rollout.world_size
-    hub = _Hub()
     canon = canonical_tensors(r.canonical, seed=5)
-    cpu = torch.device("cpu")
-
-    def group(rank: int) -> BridgeGroup:
-        return BridgeGroup(_FakeNccl(hub, rank), rank, S + R, "nccl", S, 5.0, cpu)
-
+    world = LoopbackWorld(plan, chunk_bytes=chunk_bytes, checksums=True, direct_bytes=direct_bytes)
+    hub = world.hub
     dsts = [empty_like_layout(r.rollout.ranks[q], fill=3.0) for q in range(R)]
-    fns = []
-    for t in range(S):
-        ex = Executor(plan, group(t), side="trainer", rank=t, device=cpu, chunk_bytes=chunk_bytes, checksums=True,
-                      direct_bytes=direct_bytes)
-        src = materialize(r.trainer.ranks[t], canon)
-        fns.append(lambda ex=ex, src=src: ex.run(src))
-    for q in range(R):
-        ex = Executor(plan, group(S + q), side="rollout", rank=q, device=cpu, chunk_bytes=chunk_bytes, checksums=True,
-                      direct_bytes=direct_bytes)
-        fns.append(lambda ex=ex, d=dsts[q]: ex.run(d))
-    results = _run_threads(fns)
-    for res in results:
-        assert res[0] == "ok", res[1]
+    world.run([materialize(r.trainer.ranks[t], canon) for t in range(S)], dsts, wall_s=30)
     for q in range(R):
         assert diff_tensors(dsts[q], materialize(r.rollout.ranks[q], canon, fill=3.0)) == []
     assert hub.max_batch >= 2  # several peers/directions per coalesced batch
-    assert all(not d for d in hub.sends.values()) and all(not d for d in hub.recvs.values())
+    assert hub.pending() == 0
+    if chunk_bytes == 1000:  # several waves per round: all issued before the round waits (was one at a time)
+        assert hub.max_in_flight >= 2, hub.max_in_flight
 
 
 def test_nccl_branch_deadline_names_the_peer() -> None:
@@ -168,3 +62,21 @@ def test_nccl_branch_deadline_names_the_peer() -> None:
         ex.run(empty_like_layout(r.rollout.ranks[0]))  # no trainer ever sends
     assert time.monotonic() - t0 < 3
     assert info.value.rank == S and info.value.peer in range(S) and info.value.round == 0
+
+
+def test_nccl_branch_with_delta_updates() -> None:
+    """``sync.delta`` on NCCL: wave 0 carries every header, the rest is issued at once after it."""
+    r, _ = check_text(SPEC)
+    plan = build_plan(r.trainer, r.rollout, round_bytes=16 << 10)
+    S, R = r.trainer.world_size, r.rollout.world_size
+    world = LoopbackWorld(plan, chunk_bytes=1000, checksums=True, delta="on")
+    dsts = [empty_like_layout(r.rollout.ranks[q]) for q in range(R)]
+    for version in (1, 2):
+        canon = canonical_tensors(r.canonical, seed=5)
+        if version == 2:
+            name = next(iter(canon))
+            canon[name].view(-1)[:3] += 1  # three elements change: deltas
+        stats = world.run([materialize(r.trainer.ranks[t], canon) for t in range(S)], dsts, version=version, wall_s=30)
+        for q in range(R):
+            assert diff_tensors(dsts[q], materialize(r.rollout.ranks[q], canon)) == []
+    assert sum(st.delta_buckets for st in stats[:S]) > 0 and world.hub.pending() == 0

@@ -7,6 +7,8 @@ from math import prod
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weightbridge.layout.box import box_shape
 from weightbridge.layout.ir import dtype_bytes
@@ -233,3 +235,63 @@ def test_a_bucket_in_several_messages_has_one_trailer_and_one_message_keeps_its_
     assert combine_checksums([0x1234]) == 0x1234
     a, b = combine_checksums([1, 2]), combine_checksums([2, 1])
     assert a != b and 0 <= a < 1 << 63
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_copy_runs_pack_and_unpack_like_brute_force(data) -> None:
+    """Items that follow each other in one contiguous tensor go as one copy (``copy_runs``): row blocks of
+    2-D tensors in order (merge), shuffled (no merge), partial columns (a range only for one row), mixed
+    wire dtypes (never merged across), tensors stored transposed (not contiguous: per item)."""
+    shapes = data.draw(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=1, max_size=3))
+    stored_t = {k: data.draw(st.booleans()) for k in range(len(shapes))}
+    items = []
+    for k, (rows, cols) in enumerate(shapes):
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, rows - 1), max_size=3)))) if rows > 1 else []
+        for a, b in zip([0, *cuts], [*cuts, rows]):
+            cb = ((a, b), (0, cols if data.draw(st.booleans()) else max(1, cols - 1)))
+            dtype = data.draw(st.sampled_from(["float32", "float32", "bfloat16"]))
+            items.append(item(cb, f"s{k}", cb, f"d{k}", cb, dtype=dtype, name=f"c{k}"))
+    if data.draw(st.booleans()):
+        items = data.draw(st.permutations(items))
+
+    def tensor(k: int, rows: int, cols: int, seed: int) -> torch.Tensor:
+        t = rand((cols, rows) if stored_t[k] else (rows, cols), seed=seed)
+        return t.T if stored_t[k] else t
+
+    src = {f"s{k}": tensor(k, r, c, k) for k, (r, c) in enumerate(shapes)}
+    want = brute_pack(items, src)
+    buf = torch.zeros(want.numel(), dtype=torch.uint8)
+    assert pack_items(items, src, buf) == want.numel()
+    assert torch.equal(buf, want)
+    got = {f"d{k}": torch.zeros_like(tensor(k, r, c, 0)) for k, (r, c) in enumerate(shapes)}
+    ref = {name: t.clone() for name, t in got.items()}
+    unpack_items(items, buf, got)
+    brute_unpack(items, buf, ref)
+    assert all(bitwise_equal(got[n], ref[n]) for n in got)
+
+
+def test_consecutive_items_of_one_tensor_are_one_copy() -> None:
+    """vLLM's fused tensors (w13 = [gate; up] per expert, qkv) receive many items in a row."""
+    from weightbridge.tensors import copy_runs
+
+    rows = [item(((0, 2), (0, 4)), "a", ((2 * k, 2 * k + 2), (0, 4)), "w", ((2 * k, 2 * k + 2), (0, 4)), name=f"e{k}")
+            for k in range(4)]
+    tensors = {"w": torch.zeros(8, 4), "a": torch.zeros(8, 4)}
+    assert copy_runs(rows, tensors, 16, dst=True) == [("w", 0, 32, "float32", 16, 128)]
+    gap = rows[:2] + rows[3:]
+    assert [r[1:3] for r in copy_runs(gap, tensors, 0, dst=True)] == [(0, 16), (24, 8)]
+    cast = rows[:2] + [rows[2]._replace(dtype="bfloat16", nbytes=16)]
+    assert len(copy_runs(cast, tensors, 0, dst=True)) == 2  # another wire dtype: not merged
+    assert [len(r) for r in copy_runs(rows, {"w": torch.zeros(4, 8).T, "a": tensors["a"]}, 0, dst=True)] == [2] * 4
+
+
+def test_a_cast_one_element_box_of_a_strided_tensor_at_a_misaligned_offset() -> None:
+    """Found by the property test above: staging such an item raised ``stride(-1) must be 1`` (a size-1 box
+    of a tensor stored transposed counts as contiguous but keeps its stride through ``.to()``)."""
+    src = {"v": torch.ones(1), "s": rand((1, 3)).T}
+    items = [item(((0, 1),), "v", ((0, 1),), "x", ((0, 1),), dtype="int8"),
+             item(((2, 3), (0, 1)), "s", ((2, 3), (0, 1)), "y", ((2, 3), (0, 1)), dtype="bfloat16")]
+    buf = torch.zeros(3, dtype=torch.uint8)
+    pack_items(items, src, buf)  # the bfloat16 item at offset 1
+    assert torch.equal(buf, brute_pack(items, src))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from weightbridge.testing.localrun import launch
+from weightbridge.localrun import launch
 from weightbridge.transport import segment as S
 from weightbridge.transport.segment import Segment, SegmentError, remove_stale, segments
 

@@ -1,4 +1,5 @@
-"""The data plane: the only package of weightbridge that imports ``torch.distributed``.
+"""The data plane (``torch.distributed`` is imported only here, in ``_torch_compat`` and in a few harnesses:
+the list is in ``docs/architecture.md``).
 
 * :mod:`.store` — ``open_store``: the TCPStore shared by the data and control planes;
 * :mod:`.store_client` — ``ReconnectingStore``: every rank's store client (reconnects within the

@@ -14,10 +14,15 @@ the rest):
   per pair left the link idle between chunks). With ``sync.delta`` wave 0 moves the first piece of
   every message (the header says how long it is) and wave 1 everything else.
 * **NCCL**: wave ``k`` issues chunk ``k`` of every message as one coalesced batch (like
-  ``dist.batch_isend_irecv``) and waits for it: the batches stay bounded and symmetric (wave ``k``
-  on a rank sends a chunk iff wave ``k`` on the peer receives it), so they cannot deadlock.
+  ``dist.batch_isend_irecv``). The batches stay bounded and symmetric (wave ``k`` on a rank sends a
+  chunk iff wave ``k`` on the peer receives it) and run in issue order on the communicator's
+  stream, so every wave is issued at once and the round waits once, for all of them (with
+  ``sync.delta``: wave 0, then every other wave once the headers arrived). Waiting for each wave
+  on the host cost a poll interval and a launch gap per 64 MiB chunk: small on CPU, about the
+  chunk's own transfer time on NVLink (64 MiB in ~0.2 ms).
 
-Every wait is bounded by the group's deadline; failures are typed (:mod:`.errors`) and name the peer.
+Every round's waits share one deadline (the group's ``timeout_s`` from :meth:`RoundComm.finish`);
+failures are typed (:mod:`.errors`) and name the peer.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from weightbridge._torch_compat import end_coalescing, start_coalescing
 from weightbridge.transport import delta as wd
 from weightbridge.transport.errors import MalformedBucket, PeerTimeout, TransportError, classify
 from weightbridge.transport.group import wait_work
@@ -59,7 +65,6 @@ class RoundComm:
                 if tr.packed_msg is not None:
                     self.messages.append((tr, tr.packed_msg, chunk_bounds(tr.packed_msg.numel(), ex.chunk_bytes)))
         self.waves = max((len(c) for _, _, c in self.messages), default=0)
-        self.wave = 0
         self.works: list = []
         self.held: list[tuple[Transfer, torch.Tensor, int, int]] = []  # see start(hold_packed_sends=True)
         self.issued = self.sent = self.received = 0
@@ -74,12 +79,15 @@ class RoundComm:
         return [(tr, buf, lo, hi) for tr, buf, cut in self.messages for lo, hi in cut[first:]]
 
     def start(self, hold_packed_sends: bool = False) -> None:
-        """Issue the first wave (Gloo without deltas: everything). ``hold_packed_sends`` (Gloo without
+        """Issue every wave (with ``sync.delta``: the first). ``hold_packed_sends`` (Gloo without
         deltas): all but the sends of packed messages, which :meth:`release` issues once they are
         packed; they follow every direct message in each pair's order, so holding them back keeps
         the order both ends post in."""
         if not hold_packed_sends:
             self._issue(0)
+            if self.coalesce and self.ex.delta == "off":
+                for k in range(1, self.waves):
+                    self._issue(k)
             return
         if self.coalesce or self.ex.delta != "off":
             raise ValueError("hold_packed_sends needs Gloo without deltas (one wave)")
@@ -95,25 +103,24 @@ class RoundComm:
         self._issue(0, held)
 
     def finish(self) -> None:
-        """Wait for the issued wave, then issue and wait for the rest."""
-        while True:
-            deadline = time.monotonic() + self.ex.group.timeout_s
-            for i, (work, peers, what) in enumerate(self.works):
-                try:
-                    wait_work(self.ex.group, work, peers=peers, round_index=self.round_index, what=what,
-                              deadline=deadline)
-                except PeerTimeout as exc:
-                    raise self._stalled(exc, self.works[i:]) from exc
-            self.works = []
-            if self.wave == 0 and self.ex.delta != "off":
-                self._learn_all()
-            self.wave += 1
-            if self.coalesce:
-                if self.wave >= self.waves:
-                    return
-            elif self.wave > (1 if self.ex.delta != "off" else 0):
-                return
-            self._issue(self.wave)
+        """Wait for what :meth:`start` issued; with ``sync.delta`` then learn every message's length from
+        its header, issue the rest at once and wait for it. One deadline for the whole wait."""
+        deadline = time.monotonic() + self.ex.group.timeout_s
+        self._wait(deadline)
+        if self.ex.delta == "off":
+            return
+        self._learn_all()
+        for k in range(1, self.waves if self.coalesce else 2):
+            self._issue(k)
+        self._wait(deadline)
+
+    def _wait(self, deadline: float) -> None:
+        for i, (work, peers, what) in enumerate(self.works):
+            try:
+                wait_work(self.ex.group, work, peers=peers, round_index=self.round_index, what=what, deadline=deadline)
+            except PeerTimeout as exc:
+                raise self._stalled(exc, self.works[i:]) from exc
+        self.works = []
 
     def _stalled(self, exc: PeerTimeout, pending: list) -> PeerTimeout:
         """``exc`` naming every peer with an op of this wave still incomplete at the deadline, not only
@@ -142,7 +149,7 @@ class RoundComm:
 
         try:
             if self.coalesce:
-                pg._start_coalescing()
+                start_coalescing(pg)
             for tr, buf, lo, hi in ops:
                 part = buf[lo:hi]
                 work = pg.send([part], tr.peer, 0) if tr.send else pg.recv([part], tr.peer, 0)
@@ -153,7 +160,7 @@ class RoundComm:
                 else:
                     self.received += hi - lo
             if self.coalesce:
-                work = pg._end_coalescing()
+                work = end_coalescing(pg)
                 self.works.append((work, [tr.peer for tr, *_ in ops], f"P2P batch {k + 1}/{waves} ({len(ops)} ops)"))
         except TransportError:
             raise

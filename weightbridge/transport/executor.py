@@ -28,10 +28,11 @@ are :class:`~weightbridge.transport.pipeline.RoundPipeline`'s methods):
    ``chunk_bytes`` (a pure function of the message size, so both ends of a pair cut identically).
    Gloo: every chunk of the round is issued at once (several in flight per pair), then waited for
    with the group's deadline. NCCL: wave ``k`` issues chunk ``k`` of every message as one coalesced
-   batch (like ``dist.batch_isend_irecv``) and waits for it; wave ``k`` on a rank contains the send of
-   a chunk iff wave ``k`` on the peer contains its receive, so batches stay bounded and symmetric and
-   cannot deadlock;
-3. *post*: verify checksums, unpack what arrived in the wire buffers into the destination
+   batch (like ``dist.batch_isend_irecv``); wave ``k`` on a rank contains the send of a chunk iff
+   wave ``k`` on the peer contains its receive, so batches stay bounded and symmetric and cannot
+   deadlock, and every wave is issued before the round waits (once);
+3. *post*: verify checksums (NCCL: computed on the device, a round's values fetched at once),
+   unpack what arrived in the wire buffers into the destination
    (:func:`~weightbridge.tensors.unpack_items`, casts to the destination dtype), which
    releases the round's slab for round ``r+2``.
 
@@ -53,6 +54,10 @@ memory stays within ``2 x plan.round_bytes``, reported as :attr:`ExecStats.peak_
   the bytes move on Gloo's own I/O threads meanwhile; on CUDA the pack kernels run while NCCL transfers.
 * ``"thread"``: the same order, with *pre* (pack) and *post* (unpack) on one background worker
   thread, FIFO (torch copies release the GIL). Best with spare CPU cores.
+
+On CUDA every stage runs on the executor's own stream (both threads), ordered after what the caller
+queued on its current stream when the run started, and the run returns once that stream is done
+(:mod:`~weightbridge.transport.streams`).
 * ``"off"``: strictly sequential (pack, transfer, unpack per round; one slab).
 
 A rollout rank's exchange sends (``src_side == "rollout"``, receiver de-replication) read data
@@ -89,6 +94,7 @@ from typing import Literal
 
 import torch
 
+from weightbridge._torch_compat import version_counter
 from weightbridge.layout.box import in_bounds
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, RankPlan, TransferPlan
 from weightbridge.tensors import apply_local_copies
@@ -97,6 +103,7 @@ from weightbridge.transport import delta as wd
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.group import BridgeGroup
 from weightbridge.transport.pipeline import ExecStats, RoundPipeline
+from weightbridge.transport.streams import ExecStreams, stream_device
 from weightbridge.transport.wire import CHECKSUM_BYTES, DIRECT_BYTES, chunk_bounds, split_items
 
 Overlap = Literal["auto", "inline", "thread", "off"]
@@ -206,6 +213,8 @@ class Executor:
             (sum(self.capacity(b) for b in sends + recvs) for _, sends, recvs in self.my_rounds), default=0
         )
         self._slabs: list[torch.Tensor | None] = [None, None]
+        # CUDA: the run's own stream, ordered against the caller's by events (transport/streams.py)
+        self.streams = ExecStreams(stream_device(self.wire_device, self.device))
 
     # -- buffers ------------------------------------------------------------
     def capacity(self, b: Bucket) -> int:
@@ -322,7 +331,8 @@ class Executor:
         ``plan.local_copies`` of this rank are applied to it. Destination elements no item
         covers (padding) are not written.
         ``on_round(round_index, stats)`` is called on the calling thread after each round's
-        transfers completed (with ``overlap="thread"`` its unpack may still be running).
+        transfers completed (with ``overlap="thread"`` its unpack may still be running), with the
+        executor's stream current on CUDA.
         ``version``: what this update is (``delta``: carried by every bucket, checked by the receiver,
         and the base of the next run's deltas); default: this executor's run count, which matches on
         every rank as long as every rank runs every update.
@@ -342,8 +352,12 @@ class Executor:
         version = self._runs if version is None else int(version)
         if self.delta != "off" and target is not None and self._marks != _marks(target, self._dst_names()):
             self._held.clear()  # the destination was replaced or written by someone else: it holds nothing known
+        self.streams.begin()
         try:
-            stats = RoundPipeline(self, source, target, version).run(on_round)
+            with self.streams.use():
+                stats = RoundPipeline(self, source, target, version).run(on_round)
+                if self.local_copies:
+                    stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
         except BaseException as exc:
             self.drop_delta_state()
             # The failed frames below hold the in-flight Work objects, which keep the Gloo context and
@@ -351,14 +365,11 @@ class Executor:
             # Gloo's abort()/shutdown() close nothing. Drop them so group.close() really disconnects.
             traceback.clear_frames(exc.__traceback__)
             raise
-        if self.local_copies:
-            stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
+        finally:
+            self.streams.end()  # CUDA: the caller's stream and the host wait for the run's work
         if self.delta != "off" and target is not None:
             self._marks = _marks(target, self._dst_names())
         stats.delta_cache_bytes = self.delta_cache_bytes()
-        for dev in {self.wire_device, self.device}:
-            if dev.type == "cuda":
-                torch.cuda.current_stream(dev).synchronize()
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -376,9 +387,5 @@ def _marks(target: Mapping[str, torch.Tensor], names: set[str]) -> tuple:
         if t is None:
             out.append((name, None))
             continue
-        try:
-            counter = t._version
-        except RuntimeError:
-            counter = None
-        out.append((name, t.data_ptr(), tuple(t.shape), t.dtype, counter))
+        out.append((name, t.data_ptr(), tuple(t.shape), t.dtype, version_counter(t)))
     return tuple(out)

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from weightbridge import _torch_compat as compat
 from weightbridge.errors import BridgeError
 from weightbridge.sync.roster import Roster
 from weightbridge.transport.errors import PeerTimeout, TransportError, classify
@@ -132,7 +133,8 @@ def create_bridge_group(
     ``prefix`` namespaces the store keys (use a new prefix to re-create a group on the same
     store, e.g. after a membership change). ``device`` (NCCL only) is the CUDA device of this
     rank, default the current one; the NCCL communicator is initialised eagerly here with one
-    tiny all-reduce so that later P2P batches may involve any subset of ranks. ``roster`` (the
+    tiny all-reduce so that later P2P batches may involve any subset of ranks (:func:`_nccl_parts`).
+    ``roster`` (the
     epoch's, from the control plane) names the ranks in errors; None: plan numbering. ``signer``
     (a :class:`~weightbridge.sync.auth.Signer` with the job secret): the rendezvous values (each
     rank's listening addresses, NCCL's unique id) are sealed with it (:class:`SealedStore`), so a
@@ -143,10 +145,14 @@ def create_bridge_group(
     Raises :class:`~weightbridge.transport.errors.PeerTimeout` when not every rank joins within
     ``timeout_s``.
 
-    Gloo connects the full mesh in its constructor and waits up to 5 x ``timeout_s`` for each pair
-    (a peer killed after publishing its address): the constructor runs on a helper thread
-    (:func:`_gloo_bounded`) that this one waits for, up to ``timeout_s``, running ``watch``; one it
-    gives up on is abandoned (its store waits end at once, a group it still builds is shut down).
+    Either backend is built on a helper thread (:func:`_bounded`) that this one waits for, up to
+    ``timeout_s``, running ``watch``. Gloo connects the full mesh in its constructor and waits up to
+    5 x ``timeout_s`` for each pair (a peer killed after publishing its address). NCCL's communicator
+    is created non-blocking (``config.blocking = 0``) and initialised by the all-reduce: torch keeps a
+    communicator being initialised where ``abort()`` reaches it. A creation given up on (the deadline,
+    ``watch`` raised) or failed is abandoned: its store waits end at once, and its backend is
+    aborted (NCCL: the communicator, mid-init included, so no rank is left inside NCCL and torch's
+    watchdog never tears the process down over it); a group the helper still builds is shut down.
     """
     if not 0 < num_trainers < world_size:
         raise ValueError(f"need 0 < num_trainers ({num_trainers}) < world_size ({world_size})")
@@ -161,16 +167,21 @@ def create_bridge_group(
         store = store.underlying()
     bind_host = getattr(store, "host", None)  # a TCPStore's: Gloo listens on loopback when the store is there
     sealed = signer is not None and signer.enabled
-    # Gloo: watch() runs on this thread while a helper thread builds the group; NCCL: in the store's waits.
+    # watch() runs on this thread while a helper thread builds the group (_bounded)
     pstore = SealedStore(dist.PrefixStore(prefix.rstrip("/") + "/", store), signer if sealed else None,
-                         prefix.rstrip("/") + "/", watch=watch if backend == "nccl" else None, timeout_s=timeout_s)
+                         prefix.rstrip("/") + "/", timeout_s=timeout_s)
     try:
         if backend == "gloo":
-            pg = _gloo_bounded(pstore, rank, world_size, timeout_s, bind_host, watch)
+            pg = _bounded(lambda: _gloo(pstore, rank, world_size, timeout_s, bind_host), None, pstore, rank,
+                          timeout_s, watch)
             return BridgeGroup(pg, rank, world_size, "gloo", num_trainers, float(timeout_s), torch.device("cpu"),
                                roster=roster)
         if backend == "nccl":
-            return _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device, roster)
+            nccl = _nccl_parts(device)
+            pg = _bounded(lambda: nccl.make(pstore, rank, world_size, timeout_s), nccl.init, pstore, rank,
+                          timeout_s, watch)
+            return BridgeGroup(pg, rank, world_size, "nccl", num_trainers, float(timeout_s), nccl.device,
+                               roster=roster)
     except TransportError:
         raise
     except Exception as exc:  # noqa: BLE001 - wrapped as a typed error naming this rank
@@ -197,27 +208,33 @@ def _is_loopback(host: str | None) -> bool:
 _ABANDONED: list[tuple[threading.Thread, float]] = []  # group builds given up on, and when they end at the latest
 
 
-def _gloo_bounded(pstore: SealedStore, rank: int, world_size: int, timeout_s: float, bind_host: str | None,
-                  watch: Callable[[], None] | None) -> Any:
-    """:func:`_gloo` on a helper thread, waited for here up to ``timeout_s`` while ``watch()`` runs (Gloo's
-    constructor releases the GIL). Given up on (``watch`` raised, or the deadline): the store's waits
-    are abandoned and what raised ends up in ``pstore.aborted``, or a timeout error is raised."""
+def _bounded(make: Callable[[], Any], init: Callable[[Any, Callable[[], bool]], None] | None, pstore: SealedStore,
+             rank: int, timeout_s: float, watch: Callable[[], None] | None) -> Any:
+    """``make()`` then ``init(pg, abandoned)`` on a helper thread, waited for here up to ``timeout_s`` while
+    ``watch()`` runs (the backends release the GIL while they wait). ``make`` returns the backend
+    object (Gloo: once connected; NCCL: at once); ``init`` (None for Gloo) returns once its communicator
+    is up, and ends early when ``abandoned()`` turns true or the object is aborted.
+
+    Given up on (``watch`` raised, or the deadline): the store's waits are abandoned, what raised ends
+    up in ``pstore.aborted`` or a timeout error is raised, and the backend object, if made, is aborted
+    (:func:`_shut`). A failed ``make`` / ``init`` raises its error; a backend made before it is aborted."""
     box: dict[str, Any] = {}
     lock = threading.Lock()
 
     def build() -> None:
         try:
-            pg = _gloo(pstore, rank, world_size, timeout_s, bind_host)
+            pg = make()
+            with lock:
+                if box.get("abandoned"):
+                    _shut(pg)  # nobody waits for it any more: release it
+                    return
+                box["pg"] = pg  # from here on the waiting thread can abort it
+            if init is not None:
+                init(pg, lambda: bool(box.get("abandoned")))
         except BaseException as exc:  # noqa: BLE001 - raised on the waiting thread
             box["error"] = exc
-            return
-        with lock:
-            if box.get("abandoned"):
-                _shut(pg)  # nobody waits for it any more: release its sockets
-            else:
-                box["pg"] = pg
 
-    thread = threading.Thread(target=build, name=f"weightbridge-gloo-rendezvous-{rank}", daemon=True)
+    thread = threading.Thread(target=build, name=f"weightbridge-group-{rank}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
     try:
@@ -229,6 +246,8 @@ def _gloo_bounded(pstore: SealedStore, rank: int, world_size: int, timeout_s: fl
                 watch()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"wait timeout after {timeout_s * 1000:.0f}ms: not every rank connected")
+        if "error" in box:
+            raise box["error"]
     except BaseException as exc:
         with lock:
             box["abandoned"] = True
@@ -236,14 +255,14 @@ def _gloo_bounded(pstore: SealedStore, rank: int, world_size: int, timeout_s: fl
         if pg is not None:
             _shut(pg)
         pstore.abandon(exc)
-        _ABANDONED.append((thread, time.monotonic() + 5 * timeout_s + 5))
+        if thread.is_alive():
+            _ABANDONED.append((thread, time.monotonic() + 5 * timeout_s + 5))
         raise
-    if "error" in box:
-        raise box["error"]
     return box["pg"]
 
 
 def _shut(pg: Any) -> None:
+    """Abort backend ``pg`` (its pending work and, NCCL, its communicators: mid-init too)."""
     try:
         pg.abort() if hasattr(pg, "abort") else pg.shutdown()
     except Exception:  # noqa: BLE001 - best effort on teardown
@@ -263,11 +282,11 @@ def _gloo(pstore: Any, rank: int, world_size: int, timeout_s: float, bind_host: 
     never on every interface; when the control store is on loopback (a single-host run) it listens on
     ``127.0.0.1`` only."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    if not _is_loopback(bind_host) or os.environ.get("GLOO_SOCKET_IFNAME"):
+    opts = None
+    if _is_loopback(bind_host) and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        opts = compat.gloo_options(timeout, "127.0.0.1")
+    if opts is None:
         return dist.ProcessGroupGloo(pstore, rank, world_size, timeout)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     return dist.ProcessGroupGloo(pstore, rank, world_size, opts)
 
 
@@ -278,16 +297,14 @@ class SealedStore(dist.Store):
     without the MAC raises :class:`~weightbridge.errors.ForgedMessage` (the group creation then fails
     with a typed ``TransportError``) instead of connecting to whoever wrote it (``signer`` None,
     ``auth: off``: values as they are). ``get`` and ``wait`` poll for the keys instead of blocking
-    in the store, calling ``watch()`` in between: what it raises is kept in :attr:`aborted` and ends
-    the backend's rendezvous (:func:`create_bridge_group` raises it). ``add`` counters are left as
-    they are (the backends' own barriers).
+    in the store, so that :meth:`abandon` (the waiting thread gave up: :func:`_bounded`) ends them
+    at once. ``add`` counters are left as they are (the backends' own barriers).
     """
 
-    def __init__(self, inner: Any, signer: Any, prefix: str, *, watch: Callable[[], None] | None = None,
-                 timeout_s: float | None = None) -> None:
+    def __init__(self, inner: Any, signer: Any, prefix: str, *, timeout_s: float | None = None) -> None:
         super().__init__()
         self.inner, self.signer, self.prefix = inner, signer, prefix
-        self.watch, self.timeout_s = watch, timeout_s
+        self.timeout_s = timeout_s
         self.aborted: BaseException | None = None
 
     def abandon(self, why: BaseException) -> None:
@@ -319,12 +336,8 @@ class SealedStore(dist.Store):
         limit_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
         deadline, sleep_s = time.monotonic() + limit_s, 0.001
         while not self.inner.check(keys):
-            if self.watch is not None:
-                try:
-                    self.watch()
-                except BaseException as exc:  # noqa: BLE001 - kept, and raised by create_bridge_group
-                    self.aborted = exc
-                    raise RuntimeError(f"bridge group rendezvous abandoned: {exc}") from None
+            if self.aborted is not None:
+                raise RuntimeError(f"bridge group rendezvous abandoned: {self.aborted}")
             if time.monotonic() > deadline:  # c10d's wording: classify() makes it a PeerTimeout
                 raise RuntimeError(f"wait timeout after {limit_s * 1000:.0f}ms, keys: {', '.join(keys)}")
             time.sleep(sleep_s)
@@ -347,28 +360,54 @@ class SealedStore(dist.Store):
         return self.inner.timeout
 
 
-def _create_nccl(pstore, rank, world_size, num_trainers, timeout_s, device, roster) -> BridgeGroup:
+@dataclass
+class NcclParts:
+    """How :func:`create_bridge_group` builds an NCCL group (a unit test passes its own, with a fake backend)."""
+
+    device: torch.device
+    make: Callable[[Any, int, int, float], Any]  # (store, rank, world_size, timeout_s) -> backend; never blocks
+    init: Callable[[Any, Callable[[], bool]], None]  # (backend, abandoned) -> once the communicator is up
+
+
+def _nccl_parts(device: torch.device | str | None) -> NcclParts:
+    """The real NCCL group on ``device`` (default: the current CUDA device).
+
+    ``make``: ``ProcessGroupNCCL`` with a non-blocking communicator (``_torch_compat.nccl_options``) and
+    torch's watchdog timeout at ``timeout_s`` + :data:`NCCL_WATCHDOG_SLACK_S` (the executor enforces the
+    deadline itself; the watchdog never fires first). ``init``: one all-reduce creates the communicator
+    on every rank (coalesced P2P on a fresh group would need all ranks), polled for completion until
+    ``abandoned()``; the waiting thread aborts the group to end it early.
+
+    Chosen over a stateless communicator outside torch (vLLM's ``PyNcclCommunicator`` over
+    ``StatelessProcessGroup``): that one initialises with a blocking ``ncclCommInitRank`` (no deadline,
+    no abort), and torch's ``Work`` objects keep the executor's completion polling as it is.
+    """
     if not torch.cuda.is_available():
         raise ValueError("backend nccl needs CUDA")
-    try:
-        from torch.distributed import ProcessGroupNCCL
-    except ImportError as exc:  # CPU-only build of torch
-        raise ValueError("this torch build has no NCCL backend") from exc
+    cls = compat.nccl_class()
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(dev)
-    opts = ProcessGroupNCCL.Options()
-    opts._timeout = datetime.timedelta(seconds=timeout_s + NCCL_WATCHDOG_SLACK_S)
-    try:
-        opts.group_name = "weightbridge"
-    except (AttributeError, TypeError):  # older builds
-        pass
-    pg = ProcessGroupNCCL(pstore, rank, world_size, opts)
-    group = BridgeGroup(pg, rank, world_size, "nccl", num_trainers, float(timeout_s), dev, roster=roster)
-    # Eager communicator init on every rank (coalesced P2P on a fresh group would need all ranks).
-    t = torch.zeros(1, device=dev)
+
+    def make(store: Any, rank: int, world_size: int, timeout_s: float) -> Any:
+        opts = compat.nccl_options(datetime.timedelta(seconds=timeout_s + NCCL_WATCHDOG_SLACK_S), nonblocking=True)
+        return cls(store, rank, world_size, opts)
+
+    def init(pg: Any, abandoned: Callable[[], bool]) -> None:
+        torch.cuda.set_device(dev)  # this helper thread's current device
+        first_allreduce(pg, torch.zeros(1, device=dev), abandoned)
+
+    return NcclParts(dev, make, init)
+
+
+def first_allreduce(pg: Any, t: torch.Tensor, abandoned: Callable[[], bool]) -> None:
+    """A fresh NCCL group's first all-reduce (it creates the communicator), polled until complete or
+    ``abandoned()``."""
     work = pg.allreduce([t])
-    wait_work(group, work, peers=list(range(world_size)), round_index=None, what="initialising NCCL")
-    return group
+    while not work.is_completed():
+        if abandoned():
+            return
+        time.sleep(0.001)
+    work.wait()
 
 
 def wait_work(

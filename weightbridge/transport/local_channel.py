@@ -41,7 +41,6 @@ import torch
 from weightbridge.errors import ProtocolError
 from weightbridge.plan.types import ROLLOUT, Bucket
 from weightbridge.sync import local_records as lr
-from weightbridge.sync.roster import Roster
 from weightbridge.tensors import pack_items, unpack_items
 from weightbridge.transport.errors import ChecksumError, MalformedBucket, PeerDisconnected, TransportError
 from weightbridge.transport.local_io import RecordIO

@@ -48,14 +48,7 @@ from weightbridge.tensors import direct_view, pack_items, unpack_items
 from weightbridge.transport import delta as wd
 from weightbridge.transport.comm import RoundComm
 from weightbridge.transport.errors import ChecksumError, DeltaBaseMismatch, MalformedBucket
-from weightbridge.transport.wire import (
-    Transfer,
-    checksum,
-    combine_checksums,
-    read_trailer,
-    wire_buffer,
-    write_trailer,
-)
+from weightbridge.transport.wire import Transfer, bucket_sum, read_trailer, resolve, wire_buffer, write_trailer
 
 if TYPE_CHECKING:
     from weightbridge.transport.executor import Executor
@@ -109,17 +102,35 @@ class _Inline:
         pass
 
 
+class _OnStream:
+    """A background worker thread whose every task runs with the executor's stream current (CUDA)."""
+
+    def __init__(self, ex: Executor) -> None:
+        init = None
+        if ex.streams.device.type == "cuda":
+            dev = ex.streams.device
+
+            def init() -> None:
+                torch.cuda.set_device(dev)
+
+        self.pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+        self.streams = ex.streams
+
+    def _run(self, fn: Callable, *args: Any) -> Any:
+        with self.streams.use():
+            return fn(*args)
+
+    def submit(self, fn: Callable, *args: Any) -> cf.Future:
+        return self.pool.submit(self._run, fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
 def _worker(ex: Executor, rounds: int) -> Any:
     if ex.overlap != "thread" or rounds == 0:
         return _Inline()
-    init = None
-    if ex.wire_device.type == "cuda":
-        dev = ex.wire_device
-
-        def init() -> None:
-            torch.cuda.set_device(dev)
-
-    return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="wb-pack", initializer=init)
+    return _OnStream(ex)
 
 
 class RoundPipeline:
@@ -139,6 +150,8 @@ class RoundPipeline:
         self.lock = threading.Lock()  # guards the stats the worker updates
         self.worker = _worker(ex, self.n)
         self.last_post: cf.Future | None = None  # the post of the previous round
+        # NCCL: checksums computed on the device, one host synchronisation per round (wire.py)
+        self.on_device = ex.group.backend == "nccl"
 
     def run(self, on_round: Callable[[int, ExecStats], None] | None) -> ExecStats:
         """Every round of the rank, in plan order (module docstring); frees the worker (and the
@@ -248,7 +261,7 @@ class RoundPipeline:
                 end = self.encode(ridx, b, tr.buf)
                 tr.length = end + ex.trailer
                 if ex.checksums:
-                    write_trailer(tr.buf, end, checksum(tr.buf[:end]))
+                    write_trailer(tr.buf, end, bucket_sum([tr.buf[:end]], self.on_device))
             out.append(tr)
         with self.lock:
             self.stats.pack_seconds += time.perf_counter() - ts
@@ -311,10 +324,27 @@ class RoundPipeline:
                 else:
                     self.stats.zero_copy_bytes_received += zero_copy
 
-    def checksum(self, tr: Transfer) -> int:
+    def checksum(self, tr: Transfer) -> int | torch.Tensor:
         """The bucket's trailer value over what its messages carry (packed part, then direct items)."""
         buf = wire_buffer(tr, self.ex.group, -1)
-        return combine_checksums([checksum(buf[: tr.packed])] + [checksum(m) for m in tr.direct])
+        return bucket_sum([buf[: tr.packed]] + list(tr.direct), self.on_device)
+
+    def verify(self, ridx: int, receives: list[Transfer]) -> None:
+        """Compare every received bucket's trailer with its sum (on NCCL: all fetched at once, the round's
+        one host synchronisation); :class:`ChecksumError` for the first that differs, before any unpack."""
+        ex, values = self.ex, []
+        for tr in receives:
+            buf = wire_buffer(tr, ex.group, ridx)
+            end = tr.packed if ex.delta == "off" else tr.header.length
+            values += [read_trailer(buf, end), self.checksum(tr) if ex.delta == "off" else
+                       bucket_sum([buf[:end]], self.on_device)]
+        values = resolve(values)
+        for k, tr in enumerate(receives):
+            want, got = values[2 * k], values[2 * k + 1]
+            if want != got:
+                size = tr.bucket.nbytes if ex.delta == "off" else tr.header.length
+                raise ex.group.error(ChecksumError, tr.peer, ridx, f"bucket of {size} B from "
+                                     f"{ex.group.describe_rank(tr.peer)}: checksum {got:#x}, sender sent {want:#x}")
 
     def post(self, i: int, transfers: list[Transfer]) -> None:
         """Verify and unpack round ``i``'s receives into the target; release the round's buffers."""
@@ -322,20 +352,11 @@ class RoundPipeline:
         ridx = ex.my_rounds[i][0]
         ts = time.perf_counter()
         try:
-            for tr in transfers:
-                if tr.send:
-                    continue
-                b, buf = tr.bucket, wire_buffer(tr, ex.group, ridx)
-                end = tr.packed if ex.delta == "off" else tr.header.length
-                if ex.checksums:
-                    want = read_trailer(buf, end)
-                    got = self.checksum(tr) if ex.delta == "off" else checksum(buf[:end])
-                    if want != got:
-                        raise ex.group.error(
-                            ChecksumError, tr.peer, ridx,
-                            f"bucket of {b.nbytes if ex.delta == 'off' else end} B from "
-                            f"{ex.group.describe_rank(tr.peer)}: checksum {got:#x}, sender sent {want:#x}",
-                        )
+            receives = [tr for tr in transfers if not tr.send]
+            if ex.checksums:
+                self.verify(ridx, receives)
+            for tr in receives:
+                buf = wire_buffer(tr, ex.group, ridx)
                 if ex.delta == "off":
                     for items, off in tr.unpack:
                         unpack_items(items, buf, self.target, off)  # type: ignore[arg-type]
