@@ -15,23 +15,27 @@ import sync_mp_workers as W
 
 def damaging_trainer(spec: str, rank: int, port: int, opts: dict) -> list[tuple]:
     """``sync_mp_workers.trainer`` whose slab bytes of version ``opts['damage']`` change after their digest was
-    taken (what a process that opened the segment could do): flipped in the first bucket it packs."""
-    from weightbridge.transport.local_channel import LocalChannel
+    taken (what a process that opened the segment could do): flipped in the first bucket it packs. The
+    sender's digest function is wrapped in this process only; weightbridge has no hook for it."""
+    from weightbridge.transport import local_channel
 
     pushing = {"v": None, "done": set()}
     real_push = W.TrainerBridge.push
+    real_checksum = local_channel.checksum
 
     def push(self, version, tensors=None):
         pushing["v"] = version
         return real_push(self, version, tensors)
 
-    def after_pack(_ch, round_index: int, peer: int, view: torch.Tensor) -> None:
+    def checksum_then_damage(view: torch.Tensor):
+        digest = real_checksum(view)
         if pushing["v"] == opts["damage"] and pushing["v"] not in pushing["done"] and view.numel():
             pushing["done"].add(pushing["v"])
             view[view.numel() // 2] ^= 0x5A
+        return digest
 
     W.TrainerBridge.push = push  # this process only
-    LocalChannel._after_pack = after_pack
+    local_channel.checksum = checksum_then_damage
     return W.trainer(spec, rank, port, opts)
 
 

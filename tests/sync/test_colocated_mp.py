@@ -67,11 +67,11 @@ def test_a_killed_sender_is_noticed_at_once_and_the_restarted_side_heals_leaving
     res, killed = run(procs)
     assert killed is not None and res[1].exitcode == -9
     err = events(res[0], "error")[0]
-    assert err[1] == 2 and err[4] - killed < 2.0, err  # trainer 0: within 2 s, nowhere near the deadline
+    assert err[1] == 2 and err[4] - killed < 3.0, err  # trainer 0: within 3 s (2.1 s seen on a loaded 2-core host), before the 5 s deadline
     for r, staged in ((3, True), (4, False)):
         e = events(res[r], "error")[0]
         # the first to notice: the dead sender's lock (PeerDisconnected), or a peer's published failure
-        assert e[1] in ("PeerDisconnected", "PeerFailed") and e[3] - killed < 2.0, e
+        assert e[1] in ("PeerDisconnected", "PeerFailed") and e[3] - killed < 3.0, e
         assert (e[4], e[5]) == ((False, 1) if staged else (True, None)), e  # staged kept v1; in place torn
         assert [(a[1], a[3]) for a in events(res[r], "applied")] == [(1, []), (3, [])]  # healed, bitwise
     assert any("trainer 1" in e[2] for r in (3, 4) for e in events(res[r], "error"))
@@ -88,7 +88,7 @@ def test_a_killed_receiver_fails_the_trainers_in_time_leaving_no_segment(tag):
     assert killed is not None and res[3].exitcode == -9
     for t in (0, 1):
         err = events(res[t], "error")[0]
-        assert err[1] == 2 and err[2] in ("PeerDisconnected", "PeerFailed") and err[4] - killed < 2.0, err
+        assert err[1] == 2 and err[2] in ("PeerDisconnected", "PeerFailed") and err[4] - killed < 3.0, err
     assert segments(SHM_DIR, tag) == []
 
 

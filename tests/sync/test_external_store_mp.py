@@ -113,7 +113,7 @@ def test_with_default_settings_every_damaged_push_is_detected_and_never_served()
     """Issue 13 item 6: checksums are on by default; a byte flipped in flight (after the sender's checksum)
     raises ChecksumError on the receiver, and no rollout ever applies a damaged version."""
     test = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)  # the external store is the test's own
-    text = spec_text(mode="sync", timeout_s=TIMEOUT_S, heartbeat_s=0.2, store="external", transport="gloo")  # Executor._after_pack
+    text = spec_text(mode="sync", timeout_s=TIMEOUT_S, heartbeat_s=0.2, store="external", transport="gloo")  # the wire (wire_tamper flips Gloo sends)
     assert "checksums" not in text  # the default
     damaged = [2, 3, 4, 5, 6]
     # After a failed push the trainers wait until every rollout rank saw the failure before pushing again:

@@ -15,6 +15,7 @@ from weightbridge.spec.resolve import check_text
 from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize
 from weightbridge.testing._internal.cuda_standin import RecordingCuda
 from weightbridge.testing._internal.loopback import LoopbackWorld
+from weightbridge.transport import pipeline
 from weightbridge.transport.streams import ExecStreams, stream_device
 
 SPEC = """
@@ -26,7 +27,7 @@ rollout: {preset: vllm, instances: 1, mesh: {tp: 2}}
 
 
 @pytest.mark.parametrize("overlap", ["inline", "thread"])
-def test_every_stage_runs_on_the_executors_stream_after_the_callers_and_before_it_returns(overlap: str) -> None:
+def test_every_stage_runs_on_the_executors_stream_after_the_callers_and_before_it_returns(overlap: str, monkeypatch) -> None:
     """The callers run on a non-default stream; with ``overlap="thread"`` packing happens on the worker
     thread, which packed on its own default stream before (NCCL, ordered after the issuing thread's
     stream, could then send a buffer still being packed)."""
@@ -38,7 +39,13 @@ def test_every_stage_runs_on_the_executors_stream_after_the_callers_and_before_i
     packed_on: list[str] = []
     for ex in executors:
         ex.streams = ExecStreams("cpu", api=api)
-        ex._after_pack = lambda ridx, peer, buf: packed_on.append(api.current_stream().name)  # type: ignore[method-assign]
+    real_pack = pipeline.pack_items
+
+    def pack_items(*args, **kwargs):  # the pipeline's packing of small items, on whichever thread packs
+        packed_on.append(api.current_stream().name)
+        return real_pack(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "pack_items", pack_items)
     callers = {("trainer", t): api.Stream() for t in range(2)} | {("rollout", q): api.Stream() for q in range(2)}
 
     def on_caller_stream(side, rank, fn):

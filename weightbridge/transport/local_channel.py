@@ -247,7 +247,6 @@ class LocalChannel:
             for it, o in zip(b.items, offsets):
                 pack_items((it,), source, view, o)
             digest = checksum(view) if self.checksums else None
-            self._after_pack(ridx, peer, view)
             entries.append(lr.BucketAt(receiver=peer, offset=off, nbytes=n, digest=digest))
             off += n
         self.slabs.published()
@@ -328,9 +327,6 @@ class LocalChannel:
                 raise io.error(ChecksumError, peer, ridx, f"bucket of {n} B from {io.describe(peer)}: checksum "
                                f"{got:#x} of the slab after the copy, its sender published {at.digest:#x}")
         return n
-
-    def _after_pack(self, round_index: int, peer: int, view: torch.Tensor) -> None:
-        """Hook called after a bucket is packed and its digest taken (tests override it to damage bytes)."""
 
     # -- closing -----------------------------------------------------------------------------------
     def close(self, abort: bool = False) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from weightbridge.testing import gpu_stages
+from weightbridge.testing._internal import gpu_stages
 from weightbridge.localrun import launch
 
 SPEC_PAIR = """
@@ -252,6 +252,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # run as the importable module, not as __main__: stage processes import their functions by name
-    from weightbridge.testing import gpu_readiness as _module
+    from weightbridge.testing._internal import gpu_readiness as _module
 
     sys.exit(_module.main())
