@@ -12,7 +12,8 @@ import marshal
 from collections.abc import Sequence
 from operator import itemgetter
 
-PLANNER_VERSION = "weightbridge-plan/2"  # 2: replica groups (the plans of data-parallel trainers changed)
+# 2: replica groups (the plans of data-parallel trainers changed); 3: rounds paced by the receivers
+PLANNER_VERSION = "weightbridge-plan/3"
 
 _COLS = [itemgetter(c) for c in (0, 1, 2, 4)]  # Bucket: src_side, sender, receiver, nbytes
 _ITEMS = itemgetter(3)  # Bucket.items

@@ -52,7 +52,10 @@ class Endpoint:
         tensors: Mapping[str, torch.Tensor],
         store: Any,
         options: BridgeOptions,
+        device: torch.device | str | None = None,
     ) -> None:
+        """``device``: where this rank's tensors live (default: the first tensor's; a streaming rollout
+        rank, whose ``tensors`` are meta tensors, names it)."""
         sync = resolved.sync
         self.spec = resolved
         self.side = side
@@ -81,8 +84,9 @@ class Endpoint:
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup,
                                network=network_model(resolved.network, colocated=sync.mode == "colocated"))
+        self.device = torch.device(device) if device is not None else device_of(tensors)
         self.data_plane: DataPlane = options.data_plane or TransportDataPlane(
-            transport=sync.transport, device=device_of(tensors), checksums=sync.checksums,
+            transport=sync.transport, device=self.device, checksums=sync.checksums,
             signer=self.signer, delta=sync.delta,
         )
         check_data_plane(self.data_plane)
