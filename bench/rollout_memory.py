@@ -10,12 +10,12 @@ rank: the plain rank's process, vLLM's worker, SGLang's scheduler):
 * ``baseline``: the process's resident set (``VmRSS``) before the bridge exists (the engine alone);
 * ``init``: the peak resident set (``VmHWM``, reset through ``/proc/PID/clear_refs`` before the
   phase) while the bridge joins (vLLM's ``init_weight_transfer_engine``, SGLang's ``init``, or
-  ``RolloutBridge.from_spec``), minus the baseline; for engines once with a cold probe cache
-  (``init+probe``: the engine's loader is probed), then, after that bridge left and with the
-  baseline taken again, with the probe cached (``init``);
+  ``RolloutBridge.from_spec``; engines with ``probe="off"``), minus the baseline;
 * ``update``: the peak while a version moves and becomes live (the driver's ``update(v)`` while the
   trainer pushes; the plain rank's ``poll()`` + ``apply()``), minus the baseline (so memory the
-  bridge keeps between updates counts too); the largest over ``--versions`` updates.
+  bridge keeps between updates counts too); the largest over ``--versions`` updates;
+* ``init+probe`` (engines): after that bridge left, a join again with a cold probe cache (the
+  engine's loader probed on a copy of the model), above the resident set just before it.
 
 Each is printed divided by ``round_bytes`` (the memory contract, ``docs/memory.md``: in place a
 rank holds at most about 2 x ``round_bytes`` more than the engine; staging adds one shard), next
@@ -32,8 +32,10 @@ checkpoint on disk); the bytes moved are the trainer's.
     python bench/rollout_memory.py                      # every case (~10 min on 2 cores), ~8 GB RAM
     python bench/rollout_memory.py --cases plain,vllm-tp1 --json
 
-Last line: ``worst in-place extra/round_bytes = X.XX`` over the in-place cases' init (probe
-cached) and update rows. Linux only (``/proc``).
+Last line: ``worst in-place extra/round_bytes = X.XX`` over the in-place cases' ``init`` and
+``update`` columns (the probe runs once per engine version and config, cached; its column is
+separate). ``reported``: what the bridge says of itself (``RolloutBridge.memory()``: allocated
+bytes, where the resident set counts only pages touched). Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -245,18 +247,11 @@ def run_engine(args: argparse.Namespace, engine: str, tp: int, work: Path) -> di
            "prefix": "bench-mem-2"}
     handle, pids, connect, leave, close = (start_vllm if engine == "vllm" else start_sglang)(config.parent, tp)
     try:
-        cache = work / "probe"
-        meter = Meter(pids)
+        meter = Meter(pids)  # the engine alone
         meter.start()
-        first = connect(spec, master.port, "bench-mem-1", str(cache))  # cold probe cache: probes the engine's loader
-        init_probe = meter.extra()
-        leave(first)  # the engine alone again (the bridge left, the probe cached)
-        time.sleep(1.0)
-        meter = Meter(pids)
-        meter.start()
-        sync = connect(spec, master.port, "bench-mem-2", str(cache))
-        init = meter.extra()
         th, tout = start_trainer(job)
+        sync = connect(spec, master.port, "bench-mem-2", None)  # probe="off": the join itself
+        init = meter.extra()
         update = 0
         for v in range(1, args.versions + 1):
             meter.start()
@@ -264,9 +259,15 @@ def run_engine(args: argparse.Namespace, engine: str, tp: int, work: Path) -> di
             applied = sync.update(v)
             if applied != v:
                 raise RuntimeError(f"update({v}) applied {applied}")
-            update = max(update, meter.extra())
+            update = max(update, meter.extra())  # above the engine alone: what the bridge keeps counts
         trainer_done(th, tout, args.timeout_s)
         reported = _engine_reported(engine, sync)
+        leave(sync)
+        time.sleep(1.0)
+        meter = Meter(pids)  # again after the bridge left: a join with a cold probe cache
+        meter.start()
+        connect(spec, master.port, "bench-mem-1", str(work / "probe"))
+        init_probe = meter.extra()
     finally:
         close(handle)
     return {"ranks": tp, "init_probe": init_probe, "init": init, "update": update, "reported": reported}
@@ -314,9 +315,9 @@ def start_vllm(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, Any]
     if len(pids) != tp:
         raise RuntimeError(f"expected {tp} vLLM worker processes, found {pids}: {_names()}")
 
-    def connect(spec: Path, port: int, prefix: str, cache: str) -> Any:
+    def connect(spec: Path, port: int, prefix: str, cache: str | None) -> Any:
         return VLLMWeightSync(llm, spec, host="127.0.0.1", port=port, options=BridgeOptions(prefix=prefix),
-                              cache_dir=cache)
+                              cache_dir=cache, probe="off" if cache is None else "check")
 
     def leave(sync: Any) -> None:
         llm.collective_rpc("shutdown_weight_transfer_engine")
@@ -338,14 +339,16 @@ def start_sglang(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, An
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
     from weightbridge.testing.sglang_selfcheck import make_engine
 
-    engine = make_engine(model_dir, tp, dtype="bfloat16", load_format="dummy")
+    # mem_fraction_static: SGLang sizes its static memory from the host's; the selfcheck's 0.05 leaves a
+    # 1 GB model no room for the (max_total_tokens-capped) KV cache
+    engine = make_engine(model_dir, tp, dtype="bfloat16", load_format="dummy", mem_fraction_static=0.2)
     pids = _children(("scheduler",))
     if len(pids) != tp:
         raise RuntimeError(f"expected {tp} SGLang scheduler processes, found {pids}: {_names()}")
 
-    def connect(spec: Path, port: int, prefix: str, cache: str) -> Any:
+    def connect(spec: Path, port: int, prefix: str, cache: str | None) -> Any:
         return SGLangWeightSync(engine, spec, host="127.0.0.1", port=port, options=BridgeOptions(prefix=prefix),
-                                cache_dir=cache)
+                                cache_dir=cache, probe="off" if cache is None else "check")
 
     def leave(sync: Any) -> None:
         sync.close()

@@ -103,10 +103,19 @@ def plan_stream_peaks(plan: TransferPlan, nbytes: Sequence[Mapping[str, int]]) -
     copies: dict[int, list[LocalCopy]] = {}
     for c in plan.local_copies:
         copies.setdefault(c.rank, []).append(c)
+    mine: dict[int, list[tuple[int, list[Bucket], list[Bucket]]]] = {}  # rank_rounds of every rank, one pass
+    for rnd in plan.rounds:
+        touched: dict[int, tuple[int, list[Bucket], list[Bucket]]] = {}
+        for b in rnd.buckets:
+            touched.setdefault(b.receiver, (rnd.index, [], []))[2].append(b)
+            if b.src_side == ROLLOUT:
+                touched.setdefault(b.sender, (rnd.index, [], []))[1].append(b)
+        for r, entry in touched.items():
+            mine.setdefault(r, []).append(entry)
     out = []
     for r, sizes in enumerate(nbytes):
-        mine = rank_rounds(plan, r)
-        out.append(stream_peak_bytes(stream_schedule(mine, copies.get(r, [])), sizes, len(mine)))
+        rounds = mine.get(r, [])
+        out.append(stream_peak_bytes(stream_schedule(rounds, copies.get(r, [])), sizes, len(rounds)))
     return out
 
 

