@@ -41,12 +41,12 @@ from typing import Any
 import torch
 
 from weightbridge.errors import BadMessage, BridgeError, ForgedMessage, NothingToApply, ProtocolError, TornModelError
-from weightbridge.layout.ir import RankLayout
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
 from weightbridge.runtime.epochs import CAUSE_WAIT_S, REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import ReceiveStats
+from weightbridge.runtime.staging import layout_shapes, staging_copy
 from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.board import Board
 from weightbridge.sync.dataplane import RunStats
@@ -434,28 +434,3 @@ class RolloutBridge(Endpoint):
             if cause is not exc:
                 raise cause from exc
             raise
-
-
-def staging_copy(layout: RankLayout, tensors: Mapping[str, torch.Tensor], *, live: bool = True,
-                 where: str = "device", device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """A copy of the layout's tensors to receive into: on ``device`` (default: each tensor's) or, with
-    ``where="host"``, in CPU memory (pinned when the device is a GPU); holding the live values
-    (``live``), else zeros (a streaming rank's shapes, ``tensors`` on the meta device)."""
-    out = {}
-    for t in layout.tensors:
-        src = tensors[t.name]
-        dev = torch.device("cpu") if where == "host" else (device if device is not None else src.device)
-        pin = where == "host" and device is not None and device.type == "cuda"
-        buf = torch.empty(tuple(src.shape), dtype=src.dtype, device=dev, pin_memory=pin)
-        out[t.name] = buf.copy_(src.detach()) if live else buf.zero_()
-    return out
-
-
-def layout_shapes(resolved: ResolvedSpec, rank: int) -> dict[str, torch.Tensor]:
-    """A streaming rank's local tensors as meta tensors (shapes and dtypes, no memory)."""
-    from weightbridge.tensors import torch_dtype
-
-    if not 0 <= rank < resolved.rollout.world_size:
-        raise ValueError(f"rollout rank {rank} outside [0, {resolved.rollout.world_size}) of the spec")
-    return {t.name: torch.empty(t.shape, dtype=torch_dtype(t.dtype), device="meta")
-            for t in resolved.rollout.ranks[rank].tensors}
