@@ -232,7 +232,6 @@ def run_plain(args: argparse.Namespace, staging: bool, work: Path) -> dict[str, 
 
 # -- engines ------------------------------------------------------------------------------------
 def run_engine(args: argparse.Namespace, engine: str, tp: int, work: Path) -> dict[str, Any]:
-    from weightbridge.bridge import BridgeOptions
     from weightbridge.testing.localrun import ensure_env_secret
     from weightbridge.transport.store import open_store
 
@@ -303,7 +302,6 @@ def start_vllm(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, Any]
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
-    from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm import BACKEND
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
 
@@ -311,13 +309,7 @@ def start_vllm(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, Any]
               dtype="bfloat16", load_format="dummy", max_model_len=128, max_num_seqs=4, seed=0,
               weight_transfer_config=WeightTransferConfig(backend=BACKEND),
               worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension")
-    pids = _children(("VLLM::Worker",))  # one process per worker (vLLM on CPU: TP 1 too)
-    if len(pids) != tp:
-        raise RuntimeError(f"expected {tp} vLLM worker processes, found {pids}: {_names()}")
-
-    def connect(spec: Path, port: int, prefix: str, cache: str | None) -> Any:
-        return VLLMWeightSync(llm, spec, host="127.0.0.1", port=port, options=BridgeOptions(prefix=prefix),
-                              cache_dir=cache, probe="off" if cache is None else "check")
+    pids = _worker_pids("VLLM::Worker", tp)  # one process per worker (vLLM on CPU: TP 1 too)
 
     def leave(sync: Any) -> None:
         llm.collective_rpc("shutdown_weight_transfer_engine")
@@ -325,30 +317,38 @@ def start_vllm(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, Any]
     def close(handle: Any) -> None:
         handle.llm_engine.engine_core.shutdown()
 
-    return llm, pids, connect, leave, close
+    return llm, pids, _connector(VLLMWeightSync, llm), leave, close
 
 
-def _names() -> list[str]:
+def _worker_pids(match: str, tp: int) -> list[int]:
     import psutil
 
-    return [" ".join(p.cmdline())[:80] for p in psutil.Process().children(recursive=True)]
+    pids = _children((match,))
+    if len(pids) != tp:
+        names = [" ".join(p.cmdline())[:80] for p in psutil.Process().children(recursive=True)]
+        raise RuntimeError(f"expected {tp} processes matching {match!r}, found {pids}: {names}")
+    return pids
+
+
+def _connector(driver: Any, handle: Any) -> Any:
+    """``connect(spec, port, prefix, cache)``: the engine's driver; ``cache`` None: ``probe="off"``."""
+    from weightbridge.bridge import BridgeOptions
+
+    def connect(spec: Path, port: int, prefix: str, cache: str | None) -> Any:
+        return driver(handle, spec, host="127.0.0.1", port=port, options=BridgeOptions(prefix=prefix),
+                      cache_dir=cache, probe="off" if cache is None else "check")
+
+    return connect
 
 
 def start_sglang(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, Any]:
-    from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
     from weightbridge.testing.sglang_selfcheck import make_engine
 
     # mem_fraction_static: SGLang sizes its static memory from the host's; the selfcheck's 0.05 leaves a
     # 1 GB model no room for the (max_total_tokens-capped) KV cache
     engine = make_engine(model_dir, tp, dtype="bfloat16", load_format="dummy", mem_fraction_static=0.2)
-    pids = _children(("scheduler",))
-    if len(pids) != tp:
-        raise RuntimeError(f"expected {tp} SGLang scheduler processes, found {pids}: {_names()}")
-
-    def connect(spec: Path, port: int, prefix: str, cache: str | None) -> Any:
-        return SGLangWeightSync(engine, spec, host="127.0.0.1", port=port, options=BridgeOptions(prefix=prefix),
-                                cache_dir=cache, probe="off" if cache is None else "check")
+    pids = _worker_pids("scheduler", tp)
 
     def leave(sync: Any) -> None:
         sync.close()
@@ -356,7 +356,7 @@ def start_sglang(model_dir: Path, tp: int) -> tuple[Any, list[int], Any, Any, An
     def close(handle: Any) -> None:
         handle.shutdown()
 
-    return engine, pids, connect, leave, close
+    return engine, pids, _connector(SGLangWeightSync, engine), leave, close
 
 
 # -- driver -------------------------------------------------------------------------------------
