@@ -161,10 +161,13 @@ class Receiver:
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
-        """The rank's checkpoint-format shard as last written, where the worker has it: the staging copy,
-        or (test hooks) the copies of what was streamed; empty otherwise."""
+        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
+        of what was written; else the staging copy (async: it may already hold a newer, unapplied
+        version); else nothing (a streaming worker keeps no copy)."""
+        if self.written:
+            return dict(self.written)
         staging = getattr(self.bridge, "_staging", None)
-        return dict(staging) if staging else dict(self.written)
+        return dict(staging) if staging else {}
 
     # -- ops ------------------------------------------------------------------------------------
     def op_update(self, cmd: Command) -> dict[str, Any]:

@@ -26,8 +26,8 @@ receives into one staging copy of the shard (device or host memory: ``sync.stagi
 while the engine keeps generating, and ``update_weights`` writes that copy into the reload. vLLM
 cannot serve from checkpoint-format tensors (post-processing: prepacking, quantisation), so
 every update goes through the reload. With test hooks enabled (``WEIGHTBRIDGE_TEST_HOOKS=1``)
-the worker also keeps a CPU copy of every tensor it wrote (:attr:`WeightbridgeEngine.buffers`:
-the bitwise check of the checkpoint format).
+the worker also keeps a CPU copy of every tensor it wrote, in either mode
+(:attr:`WeightbridgeEngine.buffers`: the bitwise check of the checkpoint format).
 """
 
 from __future__ import annotations
@@ -162,10 +162,13 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
-        """The rank's checkpoint-format shard as last written into the model, where the worker has it: the
-        staging copy, or (test hooks) the copies of what was streamed; empty otherwise."""
+        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
+        of what was written; else the staging copy (async: it may already hold a newer, unapplied
+        version); else nothing (a streaming worker keeps no copy)."""
+        if self.written:
+            return dict(self.written)
         staging = getattr(self.bridge, "_staging", None)
-        return dict(staging) if staging else dict(self.written)
+        return dict(staging) if staging else {}
 
     def _write(self, name: str, tensor: torch.Tensor) -> None:
         """The bridge's sink: one complete local tensor into vLLM's reload (inside an update session)."""
