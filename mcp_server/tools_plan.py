@@ -51,6 +51,7 @@ class PlanMetrics(BaseModel):
     max_receiver_bytes: int
     round_bytes: int
     max_round_rank_bytes: int
+    max_stream_bytes: int = Field(0, description="Most bytes of local tensors a streaming rollout rank holds at once")
     receiver_dedup: bool
     predicted_seconds: float
     lower_bound_seconds: float

@@ -199,6 +199,18 @@ class InitRefused(BridgeError):
         super().__init__(f"{self.rank}: init refused: {reason}")
 
 
+class StaleParameters(BridgeError):
+    """Trainer ``rank`` was asked to push while its data-parallel replicas may hold stale parameter
+    copies (Megatron's distributed optimizer with ``overlap_param_gather``: the all-gather of the new
+    parameters waits for the next forward). Nothing was sent; gather first
+    (:func:`weightbridge.integrations.megatron.gather_params`)."""
+
+    def __init__(self, rank: Any, message: str) -> None:
+        self.rank = str(rank)
+        self.message = message
+        super().__init__(f"{self.rank}: {message}")
+
+
 class BadMessage(ProtocolError, ValueError):
     """A value read from the control store is not a valid message of the kind its key holds
     (garbage, another message kind, over the size bound). ``rank``: who read it (``control store``

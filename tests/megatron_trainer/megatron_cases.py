@@ -67,3 +67,54 @@ def introspect_rank(job: dict[str, Any]) -> dict[str, Any]:
     finally:
         world.close()
 
+
+
+def param_sync_rank(rank: int, port: int) -> list[tuple]:
+    """One rank of a dp-2 Megatron-Core world under Megatron's ``DistributedDataParallel`` with the
+    distributed optimizer's parameter layout and ``overlap_param_gather``. Megatron's optimizer needs
+    CUDA, so its step is done as it does it: each rank updates its own shard of every bucket's
+    parameter buffer (+1), after a real forward, backward and reduce-scatter. Then the real checks."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from weightbridge.errors import StaleParameters
+    from weightbridge.integrations.megatron import gather_params, param_sync_hook, pending_param_gathers
+    from weightbridge.testing._internal.megatron import MegatronWorld
+    from weightbridge.testing._internal.vllm_selfcheck import hf_config
+    from weightbridge.transport.store import open_store
+
+    store = open_store("127.0.0.1", port, is_master=False, timeout_s=60)
+    world = MegatronWorld(hf_config("qwen2", num_key_value_heads=2), rank=rank, world_size=2, store=store)
+    ddp = DistributedDataParallel(config=world.config, ddp_config=DistributedDataParallelConfig(
+        use_distributed_optimizer=True, overlap_param_gather=True, overlap_grad_reduce=False), module=world.model)
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    s = ids.shape[1] - 1
+    pos, mask = torch.arange(s).unsqueeze(0).expand(2, s), torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), 1)
+    events: list[tuple] = []
+
+    def replicas_agree() -> bool:
+        try:
+            world.full_tensors(check_replicas=True)
+            return True
+        except RuntimeError:
+            return False
+
+    for step in range(2):
+        ddp.zero_grad_buffer()
+        ddp(input_ids=ids[:, :-1], position_ids=pos, attention_mask=mask, labels=ids[:, 1:]).mean().backward()
+        ddp.finish_grad_sync()
+        with torch.no_grad():  # the distributed optimizer's step: this rank's shard of each parameter buffer
+            for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
+                for bucket in group.buckets:
+                    n = bucket.param_data.numel() // 2
+                    bucket.param_data.view(-1)[rank * n:(rank + 1) * n] += 1.0
+        events.append(("stale", step, pending_param_gathers([ddp]), replicas_agree()))
+        try:
+            param_sync_hook(ddp, gather=False, rank=f"trainer {rank}")()
+            events.append(("refused", step, None))
+        except StaleParameters as exc:
+            events.append(("refused", step, str(exc)))
+        (param_sync_hook(ddp) if step else lambda: gather_params([ddp]))()  # a DDP, or a list of model chunks
+        events.append(("gathered", step, pending_param_gathers(ddp), replicas_agree()))
+    world.close()
+    return events

@@ -95,3 +95,38 @@ def test_plan_hash_identical_across_processes_runs_and_object_sharing():
     assert here["off"] != here["on"]
     assert _hashes_in_subprocess("1", True) == here
     assert _hashes_in_subprocess("12345", False) == here
+
+
+@SETTINGS
+@given(layout_pairs(), st.sampled_from(["off", "on"]))
+def test_a_streaming_receiver_holds_each_tensor_from_its_first_to_its_last_use_in_the_plan(pair, dedup):
+    """plan.streaming: every local tensor a rollout rank's plan writes is handed over exactly once, after
+    every round and local copy that writes it and every exchange send that reads it; local copies run
+    once their source holds all it receives; the peak is at most the rank's shard and at least its
+    largest tensor."""
+    from weightbridge.plan.streaming import plan_stream_peaks, rank_rounds, stream_schedule
+
+    trainer, rollout, cap = pair
+    plan = build_plan(trainer, rollout, round_bytes=cap, receiver_dedup=dedup)
+    sizes = [{t.name: t.nbytes for t in r.tensors} for r in rollout.ranks]
+    peaks = plan_stream_peaks(plan, sizes)
+    for r, layout in enumerate(rollout.ranks):
+        mine = rank_rounds(plan, r)
+        copies = [c for c in plan.local_copies if c.rank == r]
+        sched = stream_schedule(mine, copies)
+        done = {n: pos for pos, names in sched.done.items() for n in names}
+        assert sorted(done) == sorted(set(done)) == sorted(sched.first)
+        for pos, (_, sends, recvs) in enumerate(mine):
+            for b in recvs:
+                for it in b.items:
+                    assert sched.first[it.dst_tensor] <= pos <= done[it.dst_tensor]
+            for b in sends:
+                for it in b.items:
+                    assert done[it.src_tensor] >= pos
+        for at, due in sched.copies.items():
+            for c in due:
+                assert done[c.src_tensor] >= at and done[c.dst_tensor] >= at
+                assert all(pos <= at for pos, (_, _, recvs) in enumerate(mine)
+                           for b in recvs for it in b.items if it.dst_tensor == c.src_tensor)
+        held = [sizes[r][n] for n in sched.first]
+        assert (max(held, default=0) <= peaks[r] <= sum(sizes[r].values())), (peaks[r], held)

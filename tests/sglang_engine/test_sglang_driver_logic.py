@@ -100,6 +100,12 @@ class FakeClient:
         self.calls.append(("label", label))
         self.label = label
 
+    def release_memory(self, tags):  # SGLang's release_memory_occupation / resume_memory_occupation
+        self.calls.append(("release", tags))
+
+    def resume_memory(self, tags):
+        self.calls.append(("resume", tuple(tags)))
+
 
 def _sync(client, store):
     from weightbridge.integrations.sglang.driver import SGLangWeightSync
@@ -293,3 +299,31 @@ def test_a_refused_init_is_answered_typed_and_leaves_the_running_receiver(tmp_pa
         assert err["type"] == f"weightbridge.errors:{why}", err
         assert worker._RECEIVER is running and not running.closed
     assert "replay" in err["message"]
+
+
+def test_sleep_releases_the_bridge_and_sglang_then_an_update_resumes_weights_first_and_the_rest_after():
+    """SGLang on CPU cannot release memory (torch_memory_saver is CUDA-only): the driver's order, against
+    SGLang's documented API (release_memory_occupation / resume_memory_occupation(tags))."""
+    store = _store()
+    client = FakeClient(store)
+    sync = _sync(client, store)
+    client.calls.clear()
+    sync.sleep()
+    assert client.calls == [("begin",), ("load", "release", None), ("end",), ("release", None)]
+    client.calls.clear()
+    assert sync.update(3) == 3
+    assert client.calls[0] == ("resume", ("weights",))
+    assert client.calls[1:4] == [("begin",), ("load", "update", "3"), ("end",)]
+    assert client.calls[4] == ("resume", ("kv_cache", "cuda_graph")) and not sync.sleeping
+    client.calls.clear()
+    assert sync.update(4) == 4 and not [c for c in client.calls if c[0] == "resume"]
+
+
+def test_a_failed_update_of_a_released_engine_keeps_its_kv_cache_released():
+    store = _store()
+    client = FakeClient(store, error=DeadlineExceeded("rollout 0", "version 3 staged", 5.0))
+    sync = _sync(client, store)
+    sync.sleep()
+    with pytest.raises(DeadlineExceeded):
+        sync.update(3)
+    assert sync.sleeping == {"kv_cache", "cuda_graph"}

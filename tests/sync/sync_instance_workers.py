@@ -15,7 +15,7 @@ import torch
 
 from weightbridge.bridge import BridgeOptions, RolloutBridge, TrainerBridge
 from weightbridge.errors import BridgeError
-from weightbridge.spec.resolve import load_spec
+from weightbridge.spec.resolve import load_spec  # noqa: F401 - the tests read specs through W
 from weightbridge.tensors import layout_mismatches
 from weightbridge.transport.errors import TransportError
 from weightbridge.tensors import materialize, torch_dtype
@@ -57,7 +57,8 @@ def trainer(text: str, port: int, opts: dict) -> list[tuple]:
                 events.append(("pushed", v, s.epoch))
             except TYPED as exc:
                 events.append(("error", v, type(exc).__name__, str(exc)))
-                break
+                if not opts.get("go_on"):  # else the next version heals what this one left
+                    break
         while opts.get("linger_key") and not store.check([opts["linger_key"]]):
             time.sleep(0.01)
     finally:
@@ -69,11 +70,19 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
     """``opts['slow']`` = (version, seconds): sleep in round 0 of that version's receive (stages late);
     ``opts['kill']`` = version: SIGKILL self in round 0 of it; ``opts['poll_s']``: first poll()/apply()
     for that long (until one version is applied); ``opts['wants']``: then the ``apply_instance`` calls
-    to make, each ``(version, timeout_s)``."""
+    to make, each ``(version, timeout_s)``, after ``opts['delay_s']``. ``opts['stream']``: no live
+    tensors (``tensors=None``): each local tensor streams into a sink that records it (CPU copies), the
+    "engine"; every want then records ``("state", want, torn, version, tensors streamed)``."""
     r = load_spec(text)
     store = open_store(HOST, port, is_master=False, timeout_s=r.sync.timeout_s)
     layout = r.rollout.ranks[rank]
-    tensors = materialize(layout, canonical(r, -1), fill=7.0)
+    stream = opts.get("stream", False)
+    tensors = {} if stream else materialize(layout, canonical(r, -1), fill=7.0)
+    streamed = [0]
+
+    def sink(name: str, t: torch.Tensor) -> None:
+        tensors[name] = t.detach().to("cpu", copy=True)
+        streamed[0] += 1
     current: dict = {"v": None, "rounds": []}
     slow, kill = opts.get("slow"), opts.get("kill")
 
@@ -85,8 +94,8 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
             time.sleep(slow[1])
         current["rounds"].append(time.time())
 
-    bridge = RolloutBridge.from_spec(r, rank=rank, tensors=tensors, store=store, staging=opts.get("staging", True),
-                                     options=BridgeOptions(on_round=on_round))
+    bridge = RolloutBridge.from_spec(r, rank=rank, tensors=None if stream else tensors, store=store,
+                                     staging=opts.get("staging", True), options=BridgeOptions(on_round=on_round))
     events: list[tuple] = []
     try:
         deadline = time.monotonic() + opts.get("poll_s", 0)
@@ -99,14 +108,18 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
                 events.append(("error", None, type(exc).__name__, str(exc), 0.0, bridge.version))
                 break
             time.sleep(0.002)
+        time.sleep(opts.get("delay_s", 0.0))
         for want, timeout_s in opts.get("wants", ()):
             t0 = time.time()
+            streamed[0] = 0
             try:
-                v = bridge.apply_instance(want, timeout_s=timeout_s)
+                v = bridge.apply_instance(want, timeout_s=timeout_s, sink=sink if stream else None)
                 bad = layout_mismatches(layout, tensors, canonical(r, v)) if v is not None else None
                 events.append(("applied", want, v, time.time(), bad))
             except TYPED as exc:
                 events.append(("error", want, type(exc).__name__, str(exc), time.time() - t0, bridge.version))
+            if stream:
+                events.append(("state", want, bridge.torn, bridge.version, streamed[0], bridge.memory()))
         events.append(("rounds", current["rounds"]))
         store.set(f"test/done/{rank}", "1")
         for other in opts.get("wait_for", ()):  # keep heart-beating until the peers are done

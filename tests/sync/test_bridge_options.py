@@ -153,3 +153,33 @@ def test_rank_context_bridge_kwargs_carry_the_options_and_pickle():
     assert isinstance(opts, BridgeOptions) and opts.prefix == "wbx" and isinstance(opts.on_round, FaultHook)
     again = pickle.loads(pickle.dumps(kw))
     assert again["options"].prefix == "wbx" and again["options"].on_round.args == opts.on_round.args
+
+
+def test_a_before_push_hook_that_raises_stops_the_push_before_anything_is_announced():
+    """``BridgeOptions(before_push=...)`` runs at the start of every push (Megatron's deferred parameter
+    all-gather: weightbridge.integrations.megatron.param_sync_hook); what it raises, push raises, and
+    nothing is announced, so a second push with the hook satisfied goes through as version 1."""
+    from weightbridge.errors import StaleParameters
+
+    r = load_spec(spec_text(mode="async", trainer="{preset: fsdp2, mesh: {dp: 1}}",
+                            rollout="{preset: vllm, instances: 1, mesh: {tp: 1}}"))
+    threads = Threads()
+    stale = [True]
+
+    def before_push() -> None:
+        if stale[0]:
+            raise StaleParameters("trainer 0", "replicas stale")
+
+    tb, _ = trainer_bridge(r, 0, threads.store, options=BridgeOptions(data_plane=StoreDataPlane("trainer 0"),
+                                                                      before_push=before_push))
+    rb, _ = rollout_bridge(r, 0, threads.store, staging=True)
+    try:
+        with pytest.raises(StaleParameters, match="replicas stale"):
+            tb.push(1)
+        assert tb.board.announcement() is None and tb.last_version is None
+        stale[0] = False
+        assert tb.push(1).version == 1
+    finally:
+        rb.close()
+        tb.close()
+        threads.close()

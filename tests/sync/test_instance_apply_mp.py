@@ -70,3 +70,47 @@ def test_after_a_membership_change_a_transport_error_names_the_spec_rank():
     (err,) = kinds(res[0].value, "error")
     msg = err[3]
     assert "rollout 3" in msg and "rollout rank 1" not in msg, msg  # spec numbering, not the epoch's plan's
+
+
+# -- streaming ranks (tensors=None): the engine is written during the receive --------------------------
+def test_streaming_ranks_write_each_version_into_the_engine_during_the_receive_bitwise():
+    """In place, no live tensors: every local tensor goes to the sink once per version, complete and
+    bitwise; the ranks keep no wire slab between updates and never held the whole shard at once."""
+    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off")
+    wants = [(1, 15.0), (2, 15.0)]
+    res = run([
+        ("trainer", text, 0, {"versions": [1, 2], "linger_key": "test/done/3"}),
+        ("rollout", text, 2, {"wants": wants, "wait_for": [3], "staging": False, "stream": True}),
+        ("rollout", text, 3, {"wants": wants, "wait_for": [2], "staging": False, "stream": True}),
+    ])
+    ntensors = len(W.load_spec(text).rollout.ranks[2].tensors)
+    for ev in (res[1].value, res[2].value):
+        assert [(e[1], e[2], e[4]) for e in kinds(ev, "applied")] == [(1, 1, []), (2, 2, [])], ev
+        states = kinds(ev, "state")
+        assert [s[1:5] for s in states] == [(1, False, 1, ntensors), (2, False, 2, ntensors)]
+        mem = states[-1][5]
+        assert mem["wire_held"] == 0 and mem["staging"] == 0
+        assert 0 < mem["stream_last"] and 0 < mem["wire_last"] <= 16 << 10
+
+
+def test_a_streaming_rank_whose_instance_does_not_apply_what_it_wrote_is_torn_until_the_next_push():
+    """Rollout 2 streams v1 into its engine; rollout 3 does not call apply_instance in time, so the
+    instance applies nothing: rollout 2 is torn (its engine holds v1, its instance does not). The
+    trainer's push of v1 fails at its deadline; v2 reaches both and heals them."""
+    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off", timeout_s=6.0)
+    res = run([
+        ("trainer", text, 0, {"versions": [1, 2], "linger_key": "test/done/3", "go_on": True}),
+        ("rollout", text, 2, {"wants": [(1, 0.5), (2, 30.0)], "wait_for": [3], "staging": False, "stream": True}),
+        ("rollout", text, 3, {"wants": [(2, 30.0)], "delay_s": 4.0, "wait_for": [2], "staging": False,
+                              "stream": True}),
+    ], timeout_s=90)
+    trainer, r2, r3 = res[0].value, res[1].value, res[2].value
+    assert [(e[0], e[1]) for e in trainer if e[0] in ("error", "pushed")] == [("error", 1), ("pushed", 2)], trainer
+    (err,) = kinds(r2, "error")
+    assert err[1] == 1 and err[2] == "DeadlineExceeded", err
+    ntensors = len(W.load_spec(text).rollout.ranks[2].tensors)
+    first, second = kinds(r2, "state")
+    assert first[1:5] == (1, True, None, ntensors)  # wrote all of v1, torn
+    assert second[1:4] == (2, False, 2)  # healed by v2
+    assert [(e[1], e[2], e[4]) for e in kinds(r2, "applied")] == [(2, 2, [])]
+    assert [(e[1], e[2], e[4]) for e in kinds(r3, "applied")] == [(2, 2, [])]

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from weightbridge.plan import validate_plan
+from weightbridge.plan.streaming import plan_stream_peaks
 from weightbridge.transport import ChecksumError, PeerDisconnected, PeerTimeout, TransportError, open_store
 from weightbridge.localrun import launch
 
@@ -283,3 +284,30 @@ def test_a_rank_killed_after_publishing_its_address_fails_the_group_within_the_d
         if hit:
             break
     assert hit, "in 3 attempts no survivor was the listening end of its pair with the dead rank"
+
+
+# -- streaming receive (transport.stream): no destination shard, tensors handed over as they complete --
+@pytest.mark.parametrize(("spec", "kwargs"), [
+    (FSDP2_DP2TP2_TO_VLLM_TP2, {"round_bytes": 8 << 10, "checksums": True, "updates": 2}),
+    (MOE_EP, {"round_bytes": 64 << 10, "direct_bytes": 64, "overlap": "thread"}),
+    (PP2_TO_TP2, {"receiver_dedup": "on", "round_bytes": 16 << 10, "direct_bytes": 256, "checksums": True}),
+    (FP32_TO_BF16, {"round_bytes": 16 << 10}),
+], ids=["fused-many-rounds", "moe-thread", "exchanges", "casts"])
+def test_streaming_receive_hands_every_tensor_over_once_bitwise(spec: str, kwargs: dict) -> None:
+    """A streaming rank holds no destination: each local tensor exists from its first bytes to its last
+    use (receives, local copies, exchange sends), is handed over once, complete and bitwise, and the
+    rank keeps one slab (no overlap) that it frees after the run."""
+    plan, results, _ = run_transfer(spec, stream=True, **kwargs)
+    if kwargs.get("receiver_dedup") == "on":
+        assert plan.receiver_dedup and any(b.src_side == "rollout" for _, b in plan.buckets())
+    outs = assert_bitwise(plan, results, checksums=kwargs.get("checksums", False))
+    r = resolve(spec)
+    for o in (o for o in outs if o["side"] == "rollout"):
+        layout = r.rollout.ranks[o["rank"]]
+        assert sorted(o["handed"]) == sorted(t.name for t in layout.tensors)
+        st = o["stats"]
+        sizes = {t.name: t.nbytes for t in layout.tensors}
+        # what the rank held is what the plan says a streaming rank holds (weightbridge.plan.streaming)
+        assert st["stream_peak_bytes"] == plan_stream_peaks(plan, [sizes] * (o["rank"] + 1))[o["rank"]]
+        assert 0 < st["stream_peak_bytes"] < sum(sizes.values())
+        assert st["peak_buffer_bytes"] <= plan.round_bytes + 8 * max(len(rd.buckets) for rd in plan.rounds)

@@ -101,6 +101,23 @@ def transfer(cfg: dict[str, Any]) -> dict[str, Any]:
                 tensors = materialize(layout, canon)
                 time.sleep(cfg.get("stall_trainer_s", 0.0))
                 stats = ex.run(tensors, on_round=on_round)
+            elif cfg.get("stream"):  # streaming receive: every local tensor handed over once, complete
+                shapes = {t.name: torch.empty(t.shape, dtype=dst[t.name].dtype, device="meta") for t in layout.tensors}
+                got: dict[str, torch.Tensor] = {}
+                handed: list[tuple[str, int]] = []
+
+                def write(name: str, t: torch.Tensor) -> None:
+                    assert name not in got, f"{name} handed twice"
+                    got[name] = t.clone()
+                    handed.append((name, len(handed)))
+
+                stats = ex.run(shapes, on_round=on_round, stream=write)
+                want = materialize(layout, canon, fill=0.0)  # uncovered elements of a streamed tensor are zeros
+                out["diff"] = diff_tensors(got, want) + [f"{n} never handed" for n in want if n not in got]
+                out["ntensors"] = len(got)
+                out["handed"] = [n for n, _ in handed]
+                if out["diff"]:
+                    break
             else:
                 stats = ex.run(dst, on_round=on_round)
                 want = materialize(layout, canon, fill=FILL)

@@ -25,6 +25,21 @@ class FakeAsyncLLM:
     def __init__(self, error: BaseException | None = None) -> None:
         self.vllm_config = type("V", (), {"weight_transfer_config": type("C", (), {"backend": "weightbridge"})()})()
         self.error, self.calls = error, []
+        self.sleeping: set[str] = set()  # as vLLM's executor: sleep() puts both tags to sleep, wake_up wakes some
+
+    async def is_sleeping(self):
+        return bool(self.sleeping)
+
+    async def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+        self.sleeping = {"weights", "kv_cache"}
+
+    async def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags) if tags else None))
+        self.sleeping -= set(tags or self.sleeping)
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method))
 
     async def init_weight_transfer_engine(self, request):
         from weightbridge.integrations._engine.init_command import InitGate
@@ -108,3 +123,24 @@ def test_the_engine_must_have_the_backend():
     engine.vllm_config.weight_transfer_config.backend = "nccl"
     with pytest.raises(ValueError, match="backend is 'nccl'"):
         asyncio.run(AsyncVLLMWeightSync.create(engine, SPEC, host="127.0.0.1", port=1))
+
+
+def test_a_sleeping_engine_wakes_its_weights_before_and_its_kv_cache_after_the_update():
+    from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
+
+    async def main():
+        store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+        engine = FakeAsyncLLM()
+        sync = await AsyncVLLMWeightSync.create(engine, SPEC, host="127.0.0.1", port=store.port, probe="off")
+        engine.calls.clear()
+        await sync.sleep(2)
+        assert engine.calls == [("rpc", "weightbridge_release"), ("sleep", 2)]
+        engine.calls.clear()
+        for r in (0, 1):
+            _ack(store, r, 3)
+        assert await sync.update(3, pause="wait") == 3
+        assert engine.calls == [("wake_up", ("weights",)), ("pause", "wait", True), ("start",), ("update", 3),
+                                ("finish", "3"), ("wake_up", ("kv_cache",)), ("resume",)]
+        assert not engine.sleeping
+
+    asyncio.run(main())

@@ -16,13 +16,30 @@ sync: {mode: sync, timeout_s: 5}
 
 
 class FakeLLM:
-    """What VLLMWeightSync touches of ``vllm.LLM``; ``update_weights`` raises ``error``."""
+    """What VLLMWeightSync touches of ``vllm.LLM``; ``update_weights`` raises ``error``. Sleep as vLLM's
+    executor documents it: ``sleep(level)`` puts the tags weights and kv_cache to sleep, ``wake_up(tags)``
+    wakes those (all with None), the engine is sleeping while any tag is (``LLMEngine.is_sleeping``)."""
 
     def __init__(self, error: BaseException | None = None) -> None:
         cfg = type("Cfg", (), {"backend": "weightbridge"})()
-        self.llm_engine = type("Engine", (), {"vllm_config": type("V", (), {"weight_transfer_config": cfg})()})()
+        self.sleeping: set[str] = set()
+        self.llm_engine = type("Engine", (), {"vllm_config": type("V", (), {"weight_transfer_config": cfg})(),
+                                              "is_sleeping": lambda _: bool(self.sleeping)})()
         self.error = error
         self.calls: list[tuple] = []
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+        self.sleeping = {"weights", "kv_cache"}
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags) if tags else None))
+        self.sleeping -= set(tags or self.sleeping)
+        return not self.sleeping
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method))
+        return [None, None]
 
     def init_weight_transfer_engine(self, request):
         self.calls.append(("init",))
@@ -108,3 +125,37 @@ def test_the_conformance_unit_raises_nothing_to_apply_before_any_version():
     unit.poll = lambda: False
     with pytest.raises(NothingToApply, match="rollout instance 0"):
         unit.apply()
+
+
+def test_an_engine_put_to_sleep_releases_the_bridge_then_wakes_weights_update_kv_cache():
+    """``sleep`` frees what every worker's bridge keeps, then sleeps; ``update`` wakes the weights,
+    runs vLLM's protocol, and wakes the KV cache only after it (vLLM's RL order: no KV cache memory
+    against the update). The real engine's path: tests/vllm_engine/test_vllm_integration.py."""
+    from weightbridge.integrations.vllm.driver import VLLMWeightSync
+
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    llm = FakeLLM()
+    sync = VLLMWeightSync(llm, SPEC, host="127.0.0.1", port=store.port, probe="off")
+    sync.sleep(level=1)
+    assert llm.calls[1:] == [("rpc", "weightbridge_release"), ("sleep", 1)]
+    _ack(store, 0, 5)
+    _ack(store, 1, 5)
+    del llm.calls[:]
+    assert sync.update(5) == 5
+    assert llm.calls == [("wake_up", ("weights",)), ("start",), ("update", 5), ("finish", "5"),
+                         ("wake_up", ("kv_cache",))]
+    assert not llm.sleeping
+    del llm.calls[:]
+    assert sync.update(5) == 5 and ("wake_up", ("weights",)) not in llm.calls  # awake: no wake-up
+
+
+def test_a_failed_update_of_a_sleeping_engine_leaves_its_kv_cache_asleep():
+    from weightbridge.integrations.vllm.driver import VLLMWeightSync
+
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    llm = FakeLLM(ValueError("boom"))
+    sync = VLLMWeightSync(llm, SPEC, host="127.0.0.1", port=store.port, probe="off")
+    sync.sleep()
+    with pytest.raises(ValueError, match="boom"):
+        sync.update(3)
+    assert llm.sleeping == {"kv_cache"} and llm.calls[-1][0] == "finish"

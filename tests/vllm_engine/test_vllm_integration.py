@@ -67,6 +67,8 @@ def test_trainer_to_vllm_bitwise_and_same_generations(kind: str, tp: int, tmp_pa
         assert len(u["workers"]) == tp and {w["version"] for w in u["workers"]} == {u["version"]}
     assert any(u["generated"] != report["initial"] for u in report["updates"])  # updates change generation
     assert report["weight_version"] == "4"
+    # v2 went to an engine put to sleep (VLLMWeightSync.sleep): woken around the update, fully awake after
+    assert report["sleep"] == [True, False]
 
     # The engine refused a spec whose fused qkv order (q, v, k) disagrees with vLLM's loader.
     err = report["wrong_spec_error"]

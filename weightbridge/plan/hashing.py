@@ -12,7 +12,9 @@ import marshal
 from collections.abc import Sequence
 from operator import itemgetter
 
-PLANNER_VERSION = "weightbridge-plan/4"  # 2: replica groups; 3: relay groups per node, NIC-balanced senders; 4: nearest holders and shared-memory pricing (local_copy)
+# 2: replica groups; 3: relay groups per node, NIC-balanced senders; 4: nearest holders and shared-memory
+# pricing (local_copy); 5: rounds paced by the receivers (streaming receive)
+PLANNER_VERSION = "weightbridge-plan/5"
 
 _COLS = [itemgetter(c) for c in (0, 1, 2, 4)]  # Bucket: src_side, sender, receiver, nbytes
 _ITEMS = itemgetter(3)  # Bucket.items

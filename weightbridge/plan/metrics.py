@@ -18,6 +18,7 @@ Keys (all always present):
 ``max_receiver_bytes``     bytes received, over rollout ranks (update + exchange)
 ``round_bytes``            the per-rank cap
 ``max_round_rank_bytes``   largest bytes one rank moves in one round
+``max_stream_bytes``       most bytes of local tensors a streaming rollout rank holds at once (``docs/memory.md``)
 ``receiver_dedup``         whether receiver de-replication is used
 ``predicted_seconds``      cost model, this plan
 ``lower_bound_seconds``    max over links of this plan's bytes / bandwidth
@@ -45,6 +46,7 @@ from typing import Any
 from weightbridge.layout.ir import SideLayout
 from weightbridge.plan.cost import baseline, price, price_delta, stall_seconds
 from weightbridge.plan.network import NetworkModel
+from weightbridge.plan.streaming import plan_stream_peaks
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan
 
 
@@ -113,6 +115,8 @@ def plan_metrics(
         "max_receiver_bytes": max(receiver.values(), default=0),
         "round_bytes": plan.round_bytes,
         "max_round_rank_bytes": round_rank,
+        "max_stream_bytes": max(plan_stream_peaks(plan, [{t.name: t.nbytes for t in r.tensors}
+                                                         for r in rollout.ranks]), default=0),
         "receiver_dedup": plan.receiver_dedup,
         "predicted_seconds": pred,
         "lower_bound_seconds": bound,

@@ -45,6 +45,8 @@ def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbri
     t.add_row("rounds", str(m["num_rounds"]), f"{m['num_buckets']} buckets, {m['num_items']} items")
     t.add_row("round cap", human_bytes(m["round_bytes"]),
               f"busiest rank-round {human_bytes(m['max_round_rank_bytes'])}")
+    t.add_row("streaming receiver", human_bytes(m["max_stream_bytes"]),
+              "most local-tensor bytes an engine's rank holds at once (docs/memory.md)")
     t.add_row("wire bytes", human_bytes(m["wire_bytes"]), f"{ratio:.3f} x min {human_bytes(m['min_wire_bytes'])}")
     if m["exchange_bytes"]:
         t.add_row("  from trainers", human_bytes(m["update_bytes"]), "")

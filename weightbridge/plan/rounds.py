@@ -1,11 +1,15 @@
 """Step 5 of the planner: packets -> the round of each packet (round packing).
 
 **Packing.** ``N = ceil(max rank bytes / (0.95 * round_bytes))`` rounds are planned. Packets
-are visited in canonical order; a packet carrying sender ``s``'s bytes ``[c, c + w)`` of its
-total ``T_s`` wants round ``floor((c + w/2) / T_s * N)``: every sender spreads its bytes
-evenly over the rounds, and so every receiver, which hears from many senders, does too.
-A packet goes to the first round from the wanted one on (then backwards, then a new round)
-where no rank of it exceeds ``round_bytes`` (sent + received). Receivers of a template are
+are visited in canonical order; a packet carrying bytes ``[c, c + b)`` of what its receiver slot
+(``(template, slot)``: the same rank of every instance) gets in total, ``T_r``, wants round
+``floor((c + b/2) / T_r * N)``: every receiver takes in its tensors in canonical order, evenly
+over the rounds, whichever senders hold them, so the parts of one local tensor that different
+senders hold arrive in the same round or the next. That bounds what a streaming receiver holds
+(``docs/memory.md``, :mod:`weightbridge.plan.streaming`): pacing by the senders instead (each
+sender spreading its own bytes) had every pipeline stage of a trainer feed a receiver a different
+layer at once. A packet goes to the first round from the wanted one on (then backwards, then a
+new round) where no rank of it exceeds ``round_bytes`` (sent + received). Receivers of a template are
 tracked as ``common[slot][round] + extra[instance, slot][round]``, so checking a packet that
 goes to all instances costs O(1).
 
@@ -76,6 +80,9 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
     extra: dict[tuple[int, int, int], list[int]] = {}
     cum: dict = {}
     out = [0] * (len(updates) + len(forwards))
+    slot_tot: dict[tuple[int, int], int] = {}  # receiver slot -> its bytes (the pace of its packets)
+    for _, _, g, l, _, b, _ in updates:
+        slot_tot[(g, l)] = slot_tot.get((g, l), 0) + b
 
     def grow(lst: list[int], upto: int) -> None:
         if upto >= len(lst):
@@ -83,15 +90,15 @@ def pack(packets: Packets, templates: Templates, round_bytes: int) -> Schedule:
 
     for idx, (s, w, g, l, i, b, _) in enumerate(updates):
         every = i < 0
-        c = cum.get(s, 0)
-        cum[s] = c + w
-        d = int((c + w / 2) * nu / send_tot[s])
+        key = (g, l)
+        c = cum.get(key, 0)
+        cum[key] = c + b
+        d = int((c + b / 2) * nu / slot_tot[key])
         if d >= nu:
             d = nu - 1
         ls = sl.get(s)
         if ls is None:
             ls = sl[s] = [0] * n
-        key = (g, l)
         cm = common.get(key)
         if cm is None:
             cm = common[key] = [0] * n

@@ -52,7 +52,10 @@ class Endpoint:
         tensors: Mapping[str, torch.Tensor],
         store: Any,
         options: BridgeOptions,
+        device: torch.device | str | None = None,
     ) -> None:
+        """``device``: where this rank's tensors live (default: the first tensor's; a streaming rollout
+        rank, whose ``tensors`` are meta tensors, names it)."""
         sync = resolved.sync
         self.spec = resolved
         self.side = side
@@ -82,8 +85,9 @@ class Endpoint:
                                  local_copy=local_copy_of(sync.transport))
         self.plans = PlanCache(resolved.trainer, resolved.rollout, round_bytes=sync.round_bytes,
                                receiver_dedup=sync.receiver_dedup, network=self.net)
+        self.device = torch.device(device) if device is not None else device_of(tensors)
         self.data_plane: DataPlane = options.data_plane or data_plane_for(
-            sync.transport, device=device_of(tensors), checksums=sync.checksums, signer=self.signer, delta=sync.delta,
+            sync.transport, device=self.device, checksums=sync.checksums, signer=self.signer, delta=sync.delta,
         )
         check_data_plane(self.data_plane)
         # backend, host and device, in every hello (a data plane that says nothing states no backend)

@@ -51,6 +51,20 @@ class InstanceAgreement:
         self._mine: dict[str, int] = {}  # session -> my latest round whose offer is still on the store
 
     def apply(self, want: int | None, timeout_s: float) -> int | None:
+        """One ``apply_instance`` call. A streaming rank (in place, no live tensors) has written what it
+        received into the engine already: unless the instance applies exactly that, it is torn."""
+        outcome = "it raised"
+        try:
+            applied = self._apply_loop(want, timeout_s)
+            outcome = "no version was applied" if applied is None else f"version {applied} was applied"
+            return applied
+        except BaseException as exc:
+            outcome = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        finally:
+            self.bridge._unapplied_stream(outcome)  # no-op unless a streamed version is left staged
+
+    def _apply_loop(self, want: int | None, timeout_s: float) -> int | None:
         deadline = time.monotonic() + timeout_s
         session = self._session(deadline) if self.peers else ""
         while True:
@@ -116,7 +130,7 @@ class InstanceAgreement:
         late peer still offers, marked late, within the apply's own deadline plus one)."""
         ranks = [p.rank for p in self.peers]
         keys = self.board.offer_keys(self.instance, session, mine.round, ranks)
-        progress = self._progress if (not self.bridge.staging and mine.staged is None) else None
+        progress = self._progress if (self.bridge._receives_in_place() and mine.staged is None) else None
         raw = self.board.cp.wait_for(
             keys, deadline, f"rollout ranks {ranks} of instance {self.instance} to reach round {mine.round} of "
             "apply_instance (does every rank of the instance call it?)", watch=self.peers, progress=progress,

@@ -23,7 +23,10 @@ class BridgeOptions:
     per phase, each use their own; every rank of one bridge passes the same). ``on_round``:
     called with the round index after each round this rank sends or receives (progress; the
     conformance suite's fault injection). ``data_plane``: a
-    :class:`~weightbridge.sync.dataplane.DataPlane` replacing the transport (tests). ``secret``:
+    :class:`~weightbridge.sync.dataplane.DataPlane` replacing the transport (tests). ``before_push``
+    (trainer ranks): called at the start of every ``push``, before anything is announced or sent; what
+    it raises, ``push`` raises, having changed nothing (e.g. Megatron's deferred parameter all-gather:
+    :func:`weightbridge.integrations.megatron.param_sync_hook`). ``secret``:
     the job secret (the same on every rank of the bridge), taking precedence over
     ``$WEIGHTBRIDGE_SECRET`` and the spec's ``sync.secret_file`` (:mod:`weightbridge.sync.auth`);
     never shown in the options' ``repr``.
@@ -31,6 +34,7 @@ class BridgeOptions:
 
     prefix: str = "wb"
     on_round: Callable[[int], None] | None = None
+    before_push: Callable[[], None] | None = None
     data_plane: Any = None  # weightbridge.sync.dataplane.DataPlane | None
     secret: str | bytes | None = field(default=None, repr=False)
 

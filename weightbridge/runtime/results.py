@@ -38,5 +38,7 @@ class ReceiveStats:
     epoch: int
     bytes_received: int
     transfer_s: float
-    staged: bool  # into the staging copy (else into the live weights)
+    staged: bool  # into the staging copy (else into the live weights, or streamed into the engine)
     wire_received: int = 0  # bytes that arrived on the wire (with sync.delta: what the deltas took)
+    wire_buffer_bytes: int = -1  # wire slabs allocated for the receive (-1: the data plane does not say)
+    stream_bytes: int = -1  # streaming: the most local-tensor bytes held at once (-1: not streaming)

@@ -7,7 +7,16 @@ State (guarded by one lock; the receive thread and the engine thread both touch 
     staged       a complete version waiting for apply() (in the staging copy, or in place)
 
 Threads: with ``staging=True`` a background thread receives every announced push into the
-staging copy; the engine's thread calls ``poll`` / ``apply`` / ``apply_instance``. A gate (held by
+staging copy; the engine's thread calls ``poll`` / ``apply`` / ``apply_instance``.
+
+Streaming (``tensors=None``: an engine whose weights are not tensors the bridge can write, e.g.
+behind vLLM's or SGLang's reload; ``docs/memory.md``): the rank keeps no copy of its shard. In
+place, a receive runs only inside a call given a ``sink`` (``poll(sink=)`` / ``apply_instance(sink=)``,
+from the engine's update session), and each local tensor goes to ``sink(name, tensor)`` as soon
+as its last bytes arrived: the engine is written during the receive, so the rank is torn until
+the version is applied, and stays torn if its instance does not apply it. With staging, the
+staging copy (one shard, on the device or in host memory: ``sync.staging_memory``) is received
+on the background thread and written into the ``sink`` given to ``apply`` / ``apply_instance``. A gate (held by
 the receive thread for a whole receive, and by :mod:`.instance` while the instance's ranks decide)
 keeps a staged version from being superseded while the instance agrees on it.
 
@@ -24,33 +33,45 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from weightbridge.errors import BadMessage, BridgeError, ForgedMessage, NothingToApply, ProtocolError, TornModelError
-from weightbridge.layout.ir import RankLayout
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
 from weightbridge.runtime.epochs import CAUSE_WAIT_S, REJOIN_CHECK_S, Endpoint
 from weightbridge.runtime.options import BridgeOptions, reject_moved
 from weightbridge.runtime.results import ReceiveStats
+from weightbridge.runtime.staging import layout_shapes, staging_copy
 from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.board import Board
 from weightbridge.sync.dataplane import RunStats
 from weightbridge.sync.messages import Announce
 from weightbridge.sync.roster import ROLLOUT
 
+Sink = Callable[[str, torch.Tensor], None]  # where a streaming rank puts each complete local tensor
+
 
 class RolloutBridge(Endpoint):
     """One rollout rank's end of the bridge. See :mod:`weightbridge.bridge` for the call sequence."""
 
-    def __init__(self, resolved: ResolvedSpec, *, staging: bool, **kw: Any) -> None:
-        super().__init__(resolved, side=ROLLOUT, **kw)
+    def __init__(self, resolved: ResolvedSpec, *, staging: bool, tensors: Mapping[str, torch.Tensor] | None,
+                 device: torch.device | str | None = None, **kw: Any) -> None:
+        self.live = tensors is not None  # False: streaming (module docstring)
+        if tensors is None:
+            tensors = layout_shapes(resolved, kw.get("rank", -1))
+            device = torch.device("cpu") if device is None else device
+        super().__init__(resolved, side=ROLLOUT, tensors=tensors, device=device, **kw)
         self.staging = staging
-        self._staging: dict[str, torch.Tensor] | None = staging_copy(self.layout, self.tensors) if staging else None
+        self.staging_memory = resolved.sync.staging_memory
+        self._staging: dict[str, torch.Tensor] | None = staging_copy(
+            self.layout, self.tensors, live=self.live, where=self.staging_memory, device=self.device,
+        ) if staging else None
+        self._sink: Sink | None = None  # where a streaming rank writes, during the call that gave it
         self._lock = threading.Lock()
         self._version: int | None = None
         self._torn: tuple[int, int | None, str] | None = None  # (version, previous, cause)
@@ -86,21 +107,27 @@ class RolloutBridge(Endpoint):
         spec: str | Path | ResolvedSpec,
         *,
         rank: int,
-        tensors: Mapping[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor] | None,
         host: str | None = None,
         port: int | None = None,
         store: Any = None,
         staging: bool | None = None,
+        device: torch.device | str | None = None,
         options: BridgeOptions | None = None,
         **moved: Any,
     ) -> RolloutBridge:
         """Connect rollout rank ``rank`` (spec numbering, instance-major) with its live ``tensors``.
 
         ``staging`` (default: the spec's ``sync.staging``, else True in async mode and False
-        otherwise; it may differ per rank): True keeps a copy of the weights to receive into (2x
-        memory; the engine serves the old version until ``apply()``), False receives in place
-        inside ``poll()``. With ``sync.delta`` the receive tensors (the staging copy, or ``tensors``
-        in place) must be written only by the bridge: deltas apply onto them (``docs/delta.md``). Settings the ranks must agree on come from the spec's ``sync`` section;
+        otherwise; it may differ per rank): True keeps a copy of the rank's shard to receive into
+        (on the device or in host memory: ``sync.staging_memory``; the engine serves the old
+        version until ``apply()``), False receives in place inside ``poll()``. ``tensors=None``:
+        the rank streams (module docstring): it holds no weights of its own and writes each local
+        tensor into the ``sink`` given to ``poll`` / ``apply`` / ``apply_instance``; ``device``
+        (default: the tensors', else CPU) is where received tensors are put. With ``sync.delta``
+        the receive tensors (the staging copy, or ``tensors`` in place) must be written only by
+        the bridge: deltas apply onto them (``docs/delta.md``); a streaming rank needs staging
+        for them. Settings the ranks must agree on come from the spec's ``sync`` section;
         ``options`` are per-process :class:`BridgeOptions` (see :meth:`TrainerBridge.from_spec`).
         The control store is at ``host:port`` (hosted by trainer rank 0, or external with
         ``sync.store: external``), or ``store``; rollout ranks never host it. A dropped connection is
@@ -108,9 +135,14 @@ class RolloutBridge(Endpoint):
         """
         reject_moved("RolloutBridge.from_spec", moved)
         resolved, store = connect(spec, host, port, store, is_master=False, who=f"rollout {rank}")
+        staged = resolved.sync.staged() if staging is None else bool(staging)
+        if tensors is None and not staged and resolved.sync.delta != "off":
+            raise ValueError(f"rollout {rank}: sync.delta applies each push onto the version the receive tensors "
+                             "hold, and a streaming rank (tensors=None) in place holds none: receive into a staging "
+                             "copy (staging=True or sync.staging: true) or set sync.delta: off")
         return cls(
             resolved, rank=rank, tensors=tensors, store=store, options=options or BridgeOptions(),
-            staging=resolved.sync.staged() if staging is None else bool(staging),
+            staging=staged, device=device,
         )
 
     # -- engine-facing ------------------------------------------------------------------------
@@ -136,35 +168,53 @@ class RolloutBridge(Endpoint):
         with self._lock:
             return None if self._staged is None else self._staged.version
 
-    def poll(self) -> bool:
+    def poll(self, *, sink: Sink | None = None) -> bool:
         """Make progress; True when a complete version is ready for ``apply()``.
 
         Staging: never blocks (the receive runs on a background thread). In place: when a push
-        is announced, receives it here, into the live weights (blocks for the transfer). Raises
-        the error of a failed receive once (the bridge stays usable for the next push), and a
-        bad announcement value once (``BadMessage``).
+        is announced, receives it here, into the live weights (blocks for the transfer); a
+        streaming rank only when given ``sink``, into which it writes each local tensor as it
+        completes. Raises the error of a failed receive once (the bridge stays usable for the
+        next push), and a bad announcement value once (``BadMessage``).
         """
-        self._raise_pending()
-        if not self.staging:
-            ann = self._announcement(self.board)
-            if ann is not None and co.receives(ann.order, self._handled):
-                self._receive(self.board, ann, keep_error=False)
-                return self.ready()
-        self._repair(self.board)  # after the announcement: a push waits for no repair round trips
-        return self.ready()
+        with self._sinking(sink):
+            self._raise_pending()
+            if self._receives_in_place():
+                ann = self._announcement(self.board)
+                if ann is not None and co.receives(ann.order, self._handled):
+                    self._receive(self.board, ann, keep_error=False)
+                    return self.ready()
+            self._repair(self.board)  # after the announcement: a push waits for no repair round trips
+            return self.ready()
 
-    def apply(self) -> int:
+    def _receives_in_place(self) -> bool:
+        """In place, with somewhere to put the bytes (a streaming rank: a sink given to this call)."""
+        return not self.staging and (self.live or self._sink is not None)
+
+    @contextmanager
+    def _sinking(self, sink: Sink | None) -> Iterator[None]:
+        if sink is None:  # an outer call's sink (apply_instance's, for the poll() it makes) stays
+            yield
+            return
+        outer, self._sink = self._sink, sink
+        try:
+            yield
+        finally:
+            self._sink = outer
+
+    def apply(self, *, sink: Sink | None = None) -> int:
         """At a safe point: make the ready version live and return the live version.
 
-        Staging: copies the staged weights into the live tensors. In place: commits the
-        received version. With nothing ready, returns the current version. Raises
+        Staging: copies the staged weights into the live tensors (a streaming rank: writes each
+        into ``sink``). In place: commits the received version. With nothing ready, returns the current version. Raises
         :class:`TornModelError` when torn, :class:`NothingToApply` before any version, and first
         an error the receive thread kept that no ``poll()`` raised yet (then nothing is applied;
         a staged version stays for the next call).
         For an instance of several ranks use :meth:`apply_instance` instead.
         """
-        self._raise_pending()
-        return self._apply_staged()
+        with self._sinking(sink):
+            self._raise_pending()
+            return self._apply_staged()
 
     def _apply_staged(self) -> int:
         """``apply()`` without raising a kept error (the instance agreement, which polled already)."""
@@ -178,10 +228,16 @@ class RolloutBridge(Endpoint):
                 return self._version
             t0 = time.perf_counter()
             if self._staging is not None:
+                if not self.live and self._sink is None:
+                    raise ValueError(f"{self.me}: a streaming rank applies a staged version into the engine: pass "
+                                     "sink= to apply() / apply_instance()")
                 try:
                     with torch.no_grad():
                         for name, buf in self._staging.items():
-                            self.tensors[name].copy_(buf)
+                            if self.live:
+                                self.tensors[name].copy_(buf)
+                            else:
+                                self._sink(name, buf)  # type: ignore[misc]
                 except BaseException:
                     self._torn = (staged.version, self._version, "apply() failed while copying staged weights")
                     raise
@@ -190,7 +246,8 @@ class RolloutBridge(Endpoint):
         self._ack(self.board, "applied", staged)
         return staged.version
 
-    def apply_instance(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
+    def apply_instance(self, version: int | None = None, *, timeout_s: float | None = None,
+                       sink: Sink | None = None) -> int | None:
         """Every rank of this rank's rollout instance applies the same version, or none does.
 
         Called by **every rank of the instance** together (e.g. from one collective RPC of the
@@ -202,12 +259,48 @@ class RolloutBridge(Endpoint):
         newer, apply it and return it; :class:`~weightbridge.errors.DeadlineExceeded` naming the
         spec ranks that did not, :class:`~weightbridge.errors.PeerFailed` when another rank's
         receive failed (its own error on that rank). An instance of one rank decides alone.
+        A streaming rank passes ``sink`` (see :meth:`poll` and :meth:`apply`): in place it receives
+        here, writing the engine as the bytes arrive, and is torn if the instance does not apply
+        the version it received.
         """
         if self._agreement is None:
             from weightbridge.runtime.instance import InstanceAgreement
 
             self._agreement = InstanceAgreement(self)
-        return self._agreement.apply(version, self.timeout_s if timeout_s is None else float(timeout_s))
+        with self._sinking(sink):
+            return self._agreement.apply(version, self.timeout_s if timeout_s is None else float(timeout_s))
+
+    def memory(self) -> dict[str, Any]:
+        """What this rank's bridge holds or last used beyond the engine's own weights, in bytes
+        (``docs/memory.md``): ``staging`` (the staging copy, kept; where: ``staging_memory``),
+        ``wire_held`` (wire slabs kept between updates; a streaming rank keeps none),
+        ``wire_last`` and ``stream_last`` (the last receive's slab and the most local-tensor bytes
+        it held at once), ``round_bytes``."""
+        staged = sum(t.numel() * t.element_size() for t in self._staging.values()) if self._staging else 0
+        held = getattr(self.data_plane, "held_bytes", None)
+        last = self.last_receive
+        return {"staging": staged, "staging_memory": self.staging_memory if self._staging else None,
+                "wire_held": int(held()) if callable(held) else -1,
+                "wire_last": -1 if last is None else last.wire_buffer_bytes,
+                "stream_last": -1 if last is None else last.stream_bytes,
+                "round_bytes": self.spec.sync.round_bytes}
+
+    def release_buffers(self) -> None:
+        """Free the wire slabs kept between updates (e.g. before the engine sleeps); the next receive
+        allocates what it needs again. The staging copy, which holds the staged version, stays."""
+        release = getattr(self.data_plane, "release_buffers", None)
+        if callable(release):
+            release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _unapplied_stream(self, reason: str) -> None:
+        """A streaming rank wrote a version into the engine that its instance did not apply: torn."""
+        with self._lock:
+            if not self.live and not self.staging and self._staged is not None:
+                self._torn = (self._staged.version, self._version, f"streamed version {self._staged.version} into "
+                              f"the engine, but its instance did not apply it ({reason})")
+                self._staged = None
 
     def close(self) -> None:
         """Leave the bridge. A receive in flight is ended first, then the receive thread is waited for:
@@ -317,10 +410,11 @@ class RolloutBridge(Endpoint):
                 if self._staging is None:
                     self._torn = (ann.version, self._version, f"in-place receive of version {ann.version} interrupted")
             dst = self._staging if self._staging is not None else self.tensors
+            stream = {} if self._staging is not None or self.live else {"stream": self._sink}
             with torch.no_grad():
                 run: RunStats = self.data_plane.run(
-                    plan, side=ROLLOUT, rank=self.plan_rank, tensors=dst, dst=dst, tag=f"v{ann.version}",
-                    on_round=self.on_round, version=ann.version,
+                    plan, side=ROLLOUT, rank=self.plan_rank, tensors=dst, dst=None if stream else dst,
+                    tag=f"v{ann.version}", on_round=self.on_round, version=ann.version, **stream,
                 )
             with self._lock:
                 self._staged = ann
@@ -328,7 +422,8 @@ class RolloutBridge(Endpoint):
                     self._torn = None
             self.last_receive = ReceiveStats(ann.version, ann.seq, ann.epoch, run.bytes_received, run.seconds,
                                              self._staging is not None,
-                                             run.wire_received if run.wire_received >= 0 else run.bytes_received)
+                                             run.wire_received if run.wire_received >= 0 else run.bytes_received,
+                                             getattr(run, "wire_buffer_bytes", -1), getattr(run, "stream_bytes", -1))
             self._ack(board, "staged", ann)
         except BaseException as exc:
             if self._stop.is_set():  # close() aborted this receive: that is what the peers must hear
@@ -341,9 +436,3 @@ class RolloutBridge(Endpoint):
             if cause is not exc:
                 raise cause from exc
             raise
-
-
-def staging_copy(layout: RankLayout, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A copy of the layout's tensors to receive into (one pass over the layout; ``tensors`` holds each
-    of them, checked by ``check_tensors``)."""
-    return {t.name: tensors[t.name].detach().clone() for t in layout.tensors}

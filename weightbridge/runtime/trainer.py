@@ -113,6 +113,8 @@ class TrainerBridge(Endpoint):
             raise BridgeError(f"{self.me}: push() after close()")
         if self.last_version is not None and version <= self.last_version:
             raise ValueError(f"{self.me}: versions must increase: pushed {self.last_version}, then {version}")
+        if self.options.before_push is not None:  # e.g. Megatron's deferred parameter all-gather
+            self.options.before_push()
         if tensors is not None:  # replaced only once every check passed: a refused call changes nothing
             check_tensors(self.layout, tensors)
             if actual_dtypes(self.layout, tensors)[0] != self.dtypes:

@@ -267,9 +267,17 @@ class SyncSpec(_Strict):
     )
     staging: bool | None = Field(
         default=None,
-        description="Rollout ranks receive into a staging copy (true: 2x memory, the engine serves the old version "
-        "until apply()) or in place (false: inside poll(), the rank is torn meanwhile). Default: true in async mode, "
-        "false otherwise. A rank may override it (RolloutBridge.from_spec(staging=...)).",
+        description="Rollout ranks receive into a staging copy (true: one more copy of the rank's shard, where "
+        "staging_memory says; the engine serves the old version until apply()) or in place (false: inside poll(), "
+        "the rank is torn meanwhile; engines stream each tensor into their reload and hold about 2 x round_bytes, "
+        "`weightbridge docs memory`). Default: true in async mode, false otherwise. A rank may override it "
+        "(RolloutBridge.from_spec(staging=...)).",
+    )
+    staging_memory: Literal["device", "host"] = Field(
+        default="device",
+        description="Where a rollout rank's staging copy lives: device (next to its weights; apply() is a device "
+        "copy) or host (CPU memory, pinned when the weights are on a GPU: no device memory for it, apply() copies "
+        "host to device).",
     )
 
     auth: AuthMode = Field(

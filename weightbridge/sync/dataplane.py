@@ -20,7 +20,10 @@ Call sequence, on every member of an epoch (trainer ranks and the epoch's rollou
 3. ``run(plan, side=..., rank=..., tensors=..., dst=..., tag=..., version=...)`` once per push, on
    every member (trainers send from ``tensors``; rollout ranks receive into ``dst`` and take part
    in the plan's exchange rounds and local copies). ``version`` is the pushed version (with
-   ``sync.delta`` the base of the next push's deltas; a data plane may ignore it).
+   ``sync.delta`` the base of the next push's deltas; a data plane may ignore it). A streaming
+   rollout rank (no live tensors, ``docs/memory.md``) passes ``stream=write`` instead of ``dst``
+   (``tensors`` then give shapes only): each local tensor goes to ``write(name, tensor)`` once
+   complete; only a data plane whose ``run`` takes ``stream`` can serve such a rank.
 4. ``close(abort=...)`` before connecting the next epoch (``abort=True`` after a failure, or from
    another thread to end a ``run`` in flight: ``RolloutBridge.close()``).
 
@@ -55,6 +58,8 @@ class RunStats(NamedTuple):
     wire_sent: int = -1  # bytes put on the wire (headers and deltas included); -1: not measured
     wire_received: int = -1
     delta_buckets: int = 0  # buckets this rank sent as deltas (sync.delta)
+    wire_buffer_bytes: int = -1  # wire slabs this run allocated (-1: not measured)
+    stream_bytes: int = -1  # streaming receive: the most local-tensor bytes alive at once (-1: not streaming)
 
 
 class DataPlane(Protocol):
@@ -184,6 +189,7 @@ class TransportDataPlane:
         tag: str,
         on_round: Callable[[int], None] | None = None,
         version: int = 0,
+        stream: Callable[[str, torch.Tensor], None] | None = None,
     ) -> RunStats:
         from weightbridge.transport.executor import Executor
 
@@ -197,9 +203,19 @@ class TransportDataPlane:
         key = (plan.plan_hash, side, rank, id(self.group))
         if self._executor is None or self._executor[0] != key:
             self._executor = (key, Executor(plan, self.group, **kwargs))
-        stats = self._executor[1].run(tensors, dst=dst, on_round=hook, version=version)
+        stats = self._executor[1].run(tensors, dst=dst, on_round=hook, version=version, stream=stream)
         return RunStats(int(stats.bytes_sent), int(stats.bytes_received), float(stats.seconds),
-                        int(stats.wire_bytes_sent), int(stats.wire_bytes_received), int(stats.delta_buckets))
+                        int(stats.wire_bytes_sent), int(stats.wire_bytes_received), int(stats.delta_buckets),
+                        int(stats.peak_buffer_bytes), int(stats.stream_peak_bytes) if stream is not None else -1)
+
+    def held_bytes(self) -> int:
+        """Wire-slab bytes this data plane keeps between runs (a streaming rank's: none)."""
+        return 0 if self._executor is None else int(self._executor[1].buffer_bytes())
+
+    def release_buffers(self) -> None:
+        """Free the kept wire slabs (the next run allocates them again): e.g. while the engine sleeps."""
+        if self._executor is not None:
+            self._executor[1].release_buffers()
 
     def close(self, abort: bool = False) -> None:
         self._executor = None

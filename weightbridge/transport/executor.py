@@ -103,6 +103,8 @@ from weightbridge.transport import delta as wd
 from weightbridge.transport.errors import TransportError
 from weightbridge.transport.group import BridgeGroup
 from weightbridge.transport.pipeline import ExecStats, RoundPipeline
+from weightbridge.plan.streaming import StreamSchedule, covered_tensors, stream_schedule
+from weightbridge.transport.stream import StreamTarget, Write
 from weightbridge.transport.streams import ExecStreams, stream_device
 from weightbridge.transport.wire import CHECKSUM_BYTES, DIRECT_BYTES, chunk_bounds, split_items
 
@@ -215,6 +217,9 @@ class Executor:
         self._slabs: list[torch.Tensor | None] = [None, None]
         # CUDA: the run's own stream, ordered against the caller's by events (transport/streams.py)
         self.streams = ExecStreams(stream_device(self.wire_device, self.device))
+        self._stream_caps: dict[tuple, int] = {}  # streaming receive: slab bytes per bucket (stream_capacity)
+        self._stream_slab: int | None = None
+        self._stream_plan: StreamSchedule | None = None
 
     # -- buffers ------------------------------------------------------------
     def capacity(self, b: Bucket) -> int:
@@ -260,12 +265,43 @@ class Executor:
         """Bytes this rank keeps of what it last sent (``delta``; 0 otherwise)."""
         return sum(st.cache.numel() for st in self._send.values() if st.cache is not None)
 
-    def _slab(self, i: int) -> torch.Tensor:
-        k = i % 2 if self.overlap != "off" else 0
+    def _slab(self, i: int, nbytes: int | None = None) -> torch.Tensor:
+        """Round ``i``'s slab; ``nbytes`` (a streaming run: :meth:`stream_slab_bytes`) means one slab of that size."""
+        k = i % 2 if self.overlap != "off" and nbytes is None else 0
+        need = self.slab_bytes if nbytes is None else nbytes
         slab = self._slabs[k]
-        if slab is None:
-            slab = self._slabs[k] = torch.empty(self.slab_bytes, dtype=torch.uint8, device=self.wire_device)
+        if slab is None or slab.numel() < need:
+            self._slabs[k] = None  # freed before its successor is allocated
+            slab = self._slabs[k] = torch.empty(need, dtype=torch.uint8, device=self.wire_device)
         return slab
+
+    # -- streaming receive (transport.stream) ---------------------------------
+    def stream_capacity(self, round_index: int, b: Bucket, shapes: Mapping[str, torch.Tensor]) -> int:
+        """Slab bytes of receive bucket ``b`` in a streaming run: its packed items and trailer, and only
+        those direct items that cannot land in the freshly allocated (contiguous) local tensor itself."""
+        key = self.bucket_key(round_index, b)
+        cap = self._stream_caps.get(key)
+        if cap is None:
+            _, direct, n = self.split(key, b)
+            cap = n + self.trailer + sum(it.nbytes for it in direct if not self._lands_in_place(it, shapes))
+            self._stream_caps[key] = cap
+        return cap
+
+    def _lands_in_place(self, it, shapes: Mapping[str, torch.Tensor]) -> bool:
+        """Would :func:`~weightbridge.tensors.direct_view` give a view of the item's destination box?"""
+        meta = shapes[it.dst_tensor]
+        if it.dst_transpose or self.device != self.wire_device or dtype_name(meta.dtype) != it.dtype:
+            return False
+        region = torch.empty(tuple(meta.shape), dtype=meta.dtype, device="meta")[tuple(slice(a, b) for a, b in it.dst_box)]
+        return region.is_contiguous()
+
+    def stream_slab_bytes(self, shapes: Mapping[str, torch.Tensor]) -> int:
+        """The slab of a streaming run: its largest round at :meth:`stream_capacity` (sends at :meth:`capacity`)."""
+        if self._stream_slab is None:
+            self._stream_slab = max(
+                (sum(self.stream_capacity(r, b, shapes) for b in recvs) + sum(self.capacity(b) for b in sends)
+                 for r, sends, recvs in self.my_rounds), default=0)
+        return self._stream_slab
 
     def buffer_bytes(self) -> int:
         """Wire-buffer bytes currently allocated by this executor."""
@@ -322,6 +358,7 @@ class Executor:
         *,
         on_round: Callable[[int, ExecStats], None] | None = None,
         version: int | None = None,
+        stream: Write | None = None,
     ) -> ExecStats:
         """Move this rank's part of the update.
 
@@ -336,18 +373,34 @@ class Executor:
         ``version``: what this update is (``delta``: carried by every bucket, checked by the receiver,
         and the base of the next run's deltas); default: this executor's run count, which matches on
         every rank as long as every rank runs every update.
+        ``stream`` (rollout, ``delta`` off): a streaming receive (:mod:`weightbridge.transport.stream`):
+        ``tensors`` only give the local tensors' shapes and dtypes (meta tensors will do); each is
+        allocated on ``device`` when its first bytes arrive, handed to ``stream(name, tensor)`` on the
+        calling thread once complete (local copies included), and dropped; rounds are then not
+        overlapped on this rank (one round in flight) and the slab is freed after the run.
         Raises :class:`TransportError` subclasses on communication failures (see module docstring),
         ``ValueError`` before any transfer when a named tensor is missing or too small.
         """
         if self.group.pg is None:
             raise self.group.error(TransportError, None, None, "the bridge group is closed")
         t0 = time.perf_counter()
+        feed: StreamTarget | None = None
         if self.side == TRAINER:
             source, target = tensors, None
         else:
             target = dst if dst is not None else tensors
             source = target
         self.check_tensors(source, target)
+        if stream is not None:
+            if self.side != ROLLOUT or self.delta != "off":
+                raise ValueError("a streaming receive is for rollout ranks without delta updates (a delta applies "
+                                 "onto a version the destination holds; a streaming rank holds none)")
+            if self._stream_plan is None:
+                self._stream_plan = stream_schedule(self.my_rounds, self.local_copies)
+                self._stream_covered = covered_tensors(self.my_rounds, self.local_copies,
+                                                       {n: t.numel() for n, t in tensors.items()})
+            feed = StreamTarget(tensors, self._stream_covered, self.device, self._stream_plan, stream)
+            source = target = feed
         self._runs += 1
         version = self._runs if version is None else int(version)
         if self.delta != "off" and target is not None and self._marks != _marks(target, self._dst_names()):
@@ -355,10 +408,18 @@ class Executor:
         self.streams.begin()
         try:
             with self.streams.use():
-                stats = RoundPipeline(self, source, target, version).run(on_round)
-                if self.local_copies:
+                if feed is not None:
+                    feed.after_round(-1)  # local copies of tensors no round writes (none in practice)
+                stats = RoundPipeline(self, source, target, version, feed).run(on_round)
+                if feed is not None:
+                    feed.finish()
+                    stats.local_copies = len(self.local_copies)  # applied by the stream, as their sources completed
+                    stats.stream_peak_bytes = feed.peak_bytes
+                elif self.local_copies:
                     stats.local_copies = apply_local_copies(self.local_copies, target)  # type: ignore[arg-type]
         except BaseException as exc:
+            if feed is not None:
+                feed.drop()
             self.drop_delta_state()
             # The failed frames below hold the in-flight Work objects, which keep the Gloo context and
             # its sockets alive: a peer blocked on this rank would only give up at its deadline, since

@@ -48,6 +48,7 @@ from weightbridge.tensors import direct_view, pack_items, unpack_items
 from weightbridge.transport import delta as wd
 from weightbridge.transport.comm import RoundComm
 from weightbridge.transport.errors import ChecksumError, DeltaBaseMismatch, MalformedBucket
+from weightbridge.transport.stream import StreamTarget
 from weightbridge.transport.wire import Transfer, bucket_sum, read_trailer, resolve, wire_buffer, write_trailer
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class ExecStats:
     encode_seconds: float = 0.0  # pack + compare + encode (part of pack_seconds)
     decode_seconds: float = 0.0  # checks + decode + writes (part of unpack_seconds)
     delta_cache_bytes: int = 0  # what this rank keeps of its last sends
+    stream_peak_bytes: int = 0  # streaming receive: the most local-tensor bytes alive at once (0 otherwise)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -127,8 +129,8 @@ class _OnStream:
         self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def _worker(ex: Executor, rounds: int) -> Any:
-    if ex.overlap != "thread" or rounds == 0:
+def _worker(ex: Executor, rounds: int, streaming: bool = False) -> Any:
+    if ex.overlap != "thread" or rounds == 0 or streaming:
         return _Inline()
     return _OnStream(ex)
 
@@ -137,18 +139,21 @@ class RoundPipeline:
     """The state of one run: the source and target tensors, the stats, the worker and its futures."""
 
     def __init__(self, ex: Executor, source: Mapping[str, torch.Tensor],
-                 target: Mapping[str, torch.Tensor] | None, version: int = 0) -> None:
+                 target: Mapping[str, torch.Tensor] | None, version: int = 0, stream: StreamTarget | None = None) -> None:
         self.ex = ex
         self.version = version
         self.source = source
         self.target = target
+        self.stream = stream
         self.stats = ExecStats()
         self.n = len(ex.my_rounds)
         # Rollout exchange sends read what earlier rounds received: pack them only after the previous unpack.
         self.dependent = [ex.side == ROLLOUT and bool(ex.my_rounds[i][1]) for i in range(self.n)]
-        self.ahead = ex.overlap != "off"
+        # Streaming: one round in flight, unpacked and handed to the engine on this thread before the
+        # next round's receives are posted (what the rank holds stays one round, not two).
+        self.ahead = ex.overlap != "off" and stream is None
         self.lock = threading.Lock()  # guards the stats the worker updates
-        self.worker = _worker(ex, self.n)
+        self.worker = _worker(ex, self.n, stream is not None)
         self.last_post: cf.Future | None = None  # the post of the previous round
         # NCCL: checksums computed on the device, one host synchronisation per round (wire.py)
         self.on_device = ex.group.backend == "nccl"
@@ -211,7 +216,9 @@ class RoundPipeline:
         finally:
             self.worker.shutdown(wait=True, cancel_futures=True)
             stats.peak_buffer_bytes = ex.buffer_bytes()
-            if not ex.keep_buffers:
+            if self.stream is not None:
+                stats.stream_peak_bytes = self.stream.peak_bytes
+            if not ex.keep_buffers or self.stream is not None:  # a streaming rank keeps nothing between updates
                 ex.release_buffers()
         return stats
 
@@ -239,13 +246,15 @@ class RoundPipeline:
         ex = self.ex
         ridx, sends, recvs = ex.my_rounds[i]
         ts = time.perf_counter()
-        slab = ex._slab(i)
+        stream = self.stream
+        slab = ex._slab(i, ex.stream_slab_bytes(stream.shapes) if stream is not None else None)
         out: list[Transfer] = []
         off = 0
         for b in recvs:
             tr = Transfer(b, ex._sender_bridge(b), False, ex.header + b.nbytes + ex.trailer)
-            tr.buf = slab[off : off + tr.nbytes]
-            off += ex.capacity(b)
+            cap = ex.stream_capacity(ridx, b, stream.shapes) if stream is not None else ex.capacity(b)
+            tr.buf = slab[off : off + min(cap, tr.nbytes)]
+            off += cap
             if ex.delta == "off":
                 self.messages(ridx, tr, self.target)
             out.append(tr)
@@ -307,16 +316,16 @@ class RoundPipeline:
             name, box, transpose = ((it.src_tensor, it.src_box, it.src_transpose) if tr.send
                                     else (it.dst_tensor, it.dst_box, it.dst_transpose))
             view = direct_view(tensors.get(name), box, transpose, it.dtype, ex.wire_device)
-            if view is None:
+            if view is None:  # through the buffer (its regions back to back: only these take room)
                 view = buf[off : off + it.nbytes]
                 if tr.send:
                     pack_items((it,), tensors, view)
                 else:
                     tr.unpack.append(((it,), off))
+                off += it.nbytes
             else:
                 zero_copy += it.nbytes
             tr.direct.append(view)
-            off += it.nbytes
         if zero_copy:
             with self.lock:
                 if tr.send:
@@ -362,6 +371,8 @@ class RoundPipeline:
                         unpack_items(items, buf, self.target, off)  # type: ignore[arg-type]
                 else:
                     self.decode(ridx, tr, buf)
+            if self.stream is not None:  # local copies due, then every tensor now complete to the engine
+                self.stream.after_round(i)
         finally:
             for tr in transfers:
                 tr.buf = None

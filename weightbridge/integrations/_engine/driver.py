@@ -9,10 +9,28 @@ store keys); the engine-specific subclass sends the init command and the updates
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from weightbridge.integrations._engine.init_command import Prepared, prepare
+
+WEIGHTS, KV_CACHE = "weights", "kv_cache"  # vLLM's and SGLang's memory tags
+
+
+@contextmanager
+def awake_for_update(asleep: bool, wake: Callable[[list[str]], Any]) -> Iterator[None]:
+    """An update of an engine that may be asleep (vLLM's ``sleep``, SGLang's ``release_memory_occupation``):
+    the weights are woken first (``wake(["weights"])``: the update writes into them), the KV cache only
+    once the update succeeded (``wake(["kv_cache"])``), so the update never has the KV cache's memory
+    against it. A failed update leaves the KV cache asleep (the engine is not made to serve torn or old
+    weights) and raises."""
+    if asleep:
+        wake([WEIGHTS])
+    yield
+    if asleep:
+        wake([KV_CACHE])
 
 
 class InstanceDriver:

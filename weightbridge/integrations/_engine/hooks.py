@@ -44,6 +44,13 @@ class HookRef(BaseModel):
     params: dict[str, Scalar] = Field(default_factory=dict, max_length=32)
 
 
+def record_writes() -> None:
+    """Test harnesses, before an engine starts: enable test hooks in the environment its workers inherit,
+    which also makes a streaming worker keep a CPU copy of every tensor it writes into the engine (the
+    bitwise check of the checkpoint format: :mod:`weightbridge.integrations._engine.verify`)."""
+    os.environ.setdefault(TEST_HOOKS_ENV, "1")
+
+
 def enabled() -> bool:
     """Whether this process's environment lets init commands carry a test hook."""
     return os.environ.get(TEST_HOOKS_ENV) == "1"

@@ -63,14 +63,16 @@ def admit(gate: InitGate, payload: Any, seal: Any, *, me: str, engine: str, inde
                     float(cmd.timeout_s or resolved.sync.timeout_s))
 
 
-def open_bridge(admitted: Admitted, tensors: dict[str, Any]) -> Any:
-    """The worker's :class:`~weightbridge.bridge.RolloutBridge` over ``tensors`` (its receive buffers)."""
+def open_bridge(admitted: Admitted, tensors: dict[str, Any] | None, device: Any = None) -> Any:
+    """The worker's :class:`~weightbridge.bridge.RolloutBridge` over ``tensors`` (receive buffers), or
+    streaming (``tensors=None``: no buffers; each update writes into the sink its call gives) with its
+    tensors on ``device``."""
     from weightbridge.bridge import BridgeOptions, RolloutBridge
 
     cmd = admitted.cmd
     return RolloutBridge.from_spec(
         admitted.resolved, rank=admitted.layout.rank, tensors=tensors, host=cmd.host, port=cmd.port,
-        staging=cmd.staging, options=BridgeOptions(prefix=cmd.prefix, on_round=admitted.on_round),
+        staging=cmd.staging, device=device, options=BridgeOptions(prefix=cmd.prefix, on_round=admitted.on_round),
     )
 
 

@@ -1,9 +1,10 @@
 """The check of a spec's rollout layout against the engine's own ``load_weights``, probed once and cached.
 
 Runs in an engine worker at init. The engine-specific part (:mod:`weightbridge.integrations.vllm.probing`,
-:mod:`weightbridge.integrations.sglang.probing`) builds a second copy of the worker's model class,
-probes its ``load_weights`` with :func:`weightbridge.probe.probe_loader`, and keys the cache by
-everything the result depends on; :func:`check_against_engine` here reads the cache or probes,
+:mod:`weightbridge.integrations.sglang.probing`) builds a second copy of the worker's model class in
+host memory (never on the engine's device, whose memory the engine has taken), probes its
+``load_weights`` with :func:`weightbridge.probe.probe_loader`, and keys the cache by everything the
+result depends on; :func:`check_against_engine` here reads the cache or probes,
 then requires the probed layout to equal the spec's for this rank and any fingerprint the spec
 pins, raising :class:`~weightbridge.errors.EngineMismatch` naming the rank otherwise.
 """
@@ -23,6 +24,7 @@ from weightbridge.layout.normalize import layout_fingerprint
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "WEIGHTBRIDGE_CACHE_DIR"
+PROBE_DEVICE = "cpu"  # where the probed copy of the model lives (host memory; docs/memory.md)
 
 
 def default_cache_dir(engine_dir: str) -> Path:
@@ -79,6 +81,7 @@ def probe_model(canonical: Any, layout: RankLayout, load_weights: Callable[[Any]
     return probe_loader(
         canonical, load_weights, named_parameters, side="rollout", rank=layout.rank,
         instance=layout.instance, local_rank=layout.local_rank, coords=dict(layout.coords),
+        restore=False,  # a fresh copy, dropped after: nothing to restore (a backup would be one more shard)
     )
 
 

@@ -5,8 +5,10 @@ The engine-specific part (:mod:`weightbridge.integrations.vllm.verify`,
 the checkpoint with the engine's own ``load_weights`` (:func:`checkpoint_weights`), then lets
 :func:`compare` check, bit for bit (shapes and dtypes too):
 
-1. checkpoint format: the worker's receive buffers (what weightbridge wrote into the model) vs the
-   copy's parameters after ``load_weights``, before post-processing; names and values;
+1. checkpoint format: what weightbridge wrote into the model (the copy of each tensor it wrote that
+   test hooks make a worker keep; without them a staging worker's staging copy, which in async mode
+   may already hold the next version) vs the copy's parameters after ``load_weights``, before
+   post-processing; names and values;
 2. the engine's served format: the live model's parameters vs the copy's after the engine's
    post-processing.
 """
@@ -49,7 +51,10 @@ def compare(engine: str, served: str, buffers: Mapping[str, torch.Tensor], loade
     the engine's ``load_weights``; ``post_process()``: runs the engine's post-processing on the copy
     and returns its parameters then; ``served``: the engine's name for that frame."""
     bad: list[str] = []
-    if set(loaded) != set(buffers):
+    if not buffers:
+        bad.append(f"checkpoint format: not compared: the worker keeps no copy of what it wrote into {engine} "
+                   "(it keeps one with WEIGHTBRIDGE_TEST_HOOKS=1; a staging worker has its staging copy)")
+    elif set(loaded) != set(buffers):
         bad.append(f"checkpoint-format names differ: only {engine} {sorted(set(loaded) - set(buffers))[:5]}, "
                    f"only weightbridge {sorted(set(buffers) - set(loaded))[:5]}")
     for name in sorted(set(loaded) & set(buffers)):

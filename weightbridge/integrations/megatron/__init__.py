@@ -9,6 +9,10 @@ plus ``numpy packaging einops``; see ``integration_guides/megatron.md``).
   ``TrainerBridge.from_spec(..., tensors=...)`` and ``push`` take).
 * :func:`mesh_from_parallel_state` — the spec's ``trainer.mesh`` (tp/pp/dp/cp/ep/etp) of the
   running world, for writing or checking a spec.
+* :func:`param_sync_hook` / :func:`gather_params` / :func:`pending_param_gathers` — with the
+  distributed optimizer and ``overlap_param_gather`` the replicas hold stale parameters until the
+  next forward: ``BridgeOptions(before_push=param_sync_hook(model))`` gathers them before every
+  push (or refuses it with ``StaleParameters``).
 
 Everything imports lazily: importing this package needs neither Megatron nor torch.distributed.
 """
@@ -24,11 +28,17 @@ if TYPE_CHECKING:  # pragma: no cover
         megatron_tensors,
         mesh_from_parallel_state,
     )
+    from weightbridge.integrations.megatron.params import (  # noqa: F401
+        gather_params,
+        param_sync_hook,
+        pending_param_gathers,
+    )
 
 INSTALL_HINT = ("pip install --no-deps megatron-core==0.16.1 numpy packaging einops "
                 "(the extra 'weightbridge-rl[megatron]'; --no-deps keeps your torch)")
 _LAZY = {"layout_from_megatron", "megatron_tensors", "mesh_from_parallel_state", "UnsupportedParameter"}
-__all__ = sorted(_LAZY | {"INSTALL_HINT"})
+_PARAMS = {"gather_params", "param_sync_hook", "pending_param_gathers"}
+__all__ = sorted(_LAZY | _PARAMS | {"INSTALL_HINT"})
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +46,8 @@ def __getattr__(name: str) -> Any:
         from weightbridge.integrations.megatron import introspect
 
         return getattr(introspect, name)
+    if name in _PARAMS:
+        from weightbridge.integrations.megatron import params
+
+        return getattr(params, name)
     raise AttributeError(name)

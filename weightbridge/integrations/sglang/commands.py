@@ -29,7 +29,7 @@ PREFIX = "weightbridge:"
 MAX_COMMAND_BYTES = 4 << 20  # a spec is a few kB; the bound keeps a hostile name from costing much
 MAX_REPLY_BYTES = 64 << 20
 
-Op = Literal["init", "update", "poll", "status", "probed", "buffers", "check", "close"]
+Op = Literal["init", "update", "poll", "status", "probed", "buffers", "check", "release", "close"]
 
 
 class Command(BaseModel):

@@ -84,6 +84,12 @@ class EngineClient:
         obj = UpdateWeightVersionReqInput(new_version=label, abort_all_requests=False)
         self.engine.loop.run_until_complete(self.engine.tokenizer_manager.update_weight_version(obj))
 
+    def release_memory(self, tags: list[str] | None) -> None:
+        self.engine.release_memory_occupation(tags=tags)
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        self.engine.resume_memory_occupation(tags=tags)
+
 
 class HTTPClient:
     """An SGLang HTTP server (``python -m sglang.launch_server ... --custom-weight-loader LOADER``)."""
@@ -133,6 +139,12 @@ class HTTPClient:
     def set_weight_version(self, label: str) -> None:
         self._call("/update_weight_version", {"new_version": label, "abort_all_requests": False})
 
+    def release_memory(self, tags: list[str] | None) -> None:
+        self._request("POST", "/release_memory_occupation", {"tags": tags})
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        self._request("POST", "/resume_memory_occupation", {"tags": tags})
+
 
 def client_for(engine: Any) -> Any:
     """A URL -> :class:`HTTPClient`; an ``sglang.Engine`` -> :class:`EngineClient`; an object that
@@ -170,6 +182,7 @@ class SGLangWeightSync(InstanceDriver):
         self._own_reply_dir = reply_dir == "auto"
         self.reply_dir = tempfile.mkdtemp(prefix="wb-sglang-") if reply_dir == "auto" else reply_dir
         self._seq = 0
+        self.sleeping: set[str] = set()  # SGLang's memory tags this driver released (sleep())
         self.initial_label = self.client.weight_version()
         self.call("init", **prepared.sealed())
 
@@ -221,12 +234,39 @@ class SGLangWeightSync(InstanceDriver):
 
         Returns the version now live, or None when ``version`` is None and nothing newer is
         complete. Raises the workers' typed error (``DeadlineExceeded``, ``PeerFailed``, ...); the
-        engine keeps serving the previous weights then, labelled as before.
+        engine keeps serving the previous weights then, labelled as before, except in place
+        (``sync.staging`` false), where the workers write as the bytes arrive: a failed update leaves
+        them torn until the next complete one. After :meth:`sleep`, the weights are resumed before
+        the update and the rest after it succeeded.
         """
         previous = self.version
         want = version if version is not None else self.newer_staged()
         if want is None:
             return None
+        from weightbridge.integrations._engine.driver import awake_for_update
+
+        with awake_for_update(bool(self.sleeping), self._resume):
+            return self._update(want, version, previous, timeout_s)
+
+    def sleep(self) -> None:
+        """Release SGLang's memory (``release_memory_occupation``: weights and KV cache; SGLang needs
+        ``enable_memory_saver``) after every worker released what its bridge keeps between updates (a
+        staging copy stays: put it in host memory, ``sync.staging_memory``). The next :meth:`update`
+        resumes the weights, updates, then resumes the rest."""
+        self.call("release")
+        self.client.release_memory(None)
+        self.sleeping = {"weights", "kv_cache", "cuda_graph"}
+
+    def _resume(self, tags: list[str]) -> None:
+        """Resume the released tags among ``tags`` (``kv_cache``: and every other released one)."""
+        wanted = [t for t in tags if t in self.sleeping]
+        if "kv_cache" in tags:
+            wanted += sorted(self.sleeping - {"weights", "kv_cache"})
+        if wanted:
+            self.client.resume_memory(wanted)
+            self.sleeping -= set(wanted)
+
+    def _update(self, want: int, version: int | None, previous: int | None, timeout_s: float | None) -> int | None:
         label = str(want)
         try:
             replies = self.call("update", version=want, timeout_s=float(timeout_s or self.timeout_s),

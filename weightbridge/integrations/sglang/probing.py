@@ -1,15 +1,16 @@
 """Probe SGLang's own ``load_weights`` inside a worker (the check itself: :mod:`.._engine.probing`).
 
 Runs in the SGLang worker (the ``init`` command of :mod:`.worker`). A second instance of the
-worker's model class (same HF config, quantisation config and parallel state; built on the
-worker's device) is probed with :func:`weightbridge.probe.probe_loader` through its
+worker's model class (same HF config, quantisation config and parallel state; built in host
+memory, never on the engine's device) is probed with :func:`weightbridge.probe.probe_loader` through its
 ``load_weights`` (HF names in, as SGLang loads a checkpoint) and freed. Tied aliases are dropped by
 ``named_parameters()``'s identity de-duplication. The result is cached on disk by a key of
 everything it depends on (SGLang version, model class, HF config, dtype, parallel sizes, TP
 rank, canonical tensors), so later engine starts read it back instead of probing.
 
-Memory: the copy is one more model shard on the device while probing; for models too large for
-that, probe once where there is room, pin the fingerprints in the spec and pass ``probe="off"``.
+Memory: while probing, the copy is one more model shard in host memory plus the probe's decode
+state (``docs/memory.md``), none on the device; to skip it, probe once where there is room, pin
+the fingerprints in the spec and pass ``probe="off"``.
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ def probe_key(model: torch.nn.Module, par: dict[str, int], canonical: Any) -> st
     })
 
 
-def fresh_model(model: torch.nn.Module) -> torch.nn.Module:
+def fresh_model(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:
     """A second instance of the worker's model class, checkpoint format, nothing loaded.
 
     Built as SGLang's ``_initialize_model`` builds it (model class, HF config, quantisation
-    config, shared-experts resolution) in the model's dtype, on its device."""
+    config, shared-experts resolution) in the model's dtype, on ``device`` (default: the model's)."""
     from sglang.srt.model_loader.loader import resolve_shared_experts_config
     from sglang.srt.model_loader.utils import set_default_torch_dtype
     from sglang.srt.runtime_context import get_model
@@ -66,7 +67,7 @@ def fresh_model(model: torch.nn.Module) -> torch.nn.Module:
     cls = type(model)
     quant = getattr(model, "quant_config", None)
     shared = resolve_shared_experts_config(cls, model.config, quant)
-    device = next(model.parameters()).device
+    device = next(model.parameters()).device if device is None else device
     with set_default_torch_dtype(model_dtype(model)), torch.device(device), get_model().override(shared_experts=shared):
         copy = cls(config=model.config, quant_config=quant)
     copy.shared_experts_config = shared
@@ -75,7 +76,7 @@ def fresh_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def probe_sglang_worker(model: torch.nn.Module, canonical: Any, layout: RankLayout) -> Any:
     """Probe a fresh copy of the worker's model class; returns a :class:`ProbeResult`."""
-    probe_model = fresh_model(model)  # dropped on return: nothing below keeps a reference
+    probe_model = fresh_model(model, common.PROBE_DEVICE)  # dropped on return: nothing below keeps a reference
 
     def load_weights(weights: Any) -> Any:
         with torch.no_grad():

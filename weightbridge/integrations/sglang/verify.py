@@ -6,8 +6,9 @@ second copy of the model class loads the checkpoint with SGLang's own loading pa
 as at engine start and in ``update_weights_from_disk``); the comparison
 (:func:`weightbridge.integrations._engine.verify.compare`) is bitwise, in two frames:
 
-1. checkpoint format: the worker's receive buffers (what weightbridge wrote into the model) vs the
-   copy's parameters after ``load_weights``, before post-processing; names and values;
+1. checkpoint format: what weightbridge wrote into the model (``buffers``: what the worker recorded
+   with test hooks, else its staging copy) vs the copy's parameters after
+   ``load_weights``, before post-processing; names and values;
 2. served format: every live parameter of the engine vs the copy's after post-processing.
 """
 

@@ -12,14 +12,20 @@ to checkpoint format before, SGLang's post-load processing after). Each payload 
              and join as rollout rank ``instance * tp_size + tp_rank`` over receive buffers in
              the checkpoint format (a refused init leaves the running bridge as it was)
 ``update``   ``RolloutBridge.apply_instance(version)`` on every TP rank (they agree through the
-             control store), then write the buffers into the model with SGLang's ``direct``
-             loading (``default_weight_loader`` per parameter) and run ``post_load_weights``
+             control store) with the model as its sink: each local tensor is written with SGLang's
+             ``direct`` loading (``default_weight_loader`` into its parameter) as soon as it is
+             complete (in place: during the receive; with staging: from the staging copy), then
+             ``post_load_weights`` runs
+``release``  free what the bridge keeps between updates (the driver's ``sleep`` sends it first)
 ``poll`` / ``status`` / ``probed`` / ``buffers`` / ``check`` / ``close``: diagnostics and shutdown
 
-Frames: the receive buffers hold this rank's checkpoint-format shard (``named_parameters()`` of
+Frames: the local tensors are this rank's checkpoint-format shard (``named_parameters()`` of
 SGLang's model after ``load_weights`` and before post-processing: fused ``qkv_proj``,
 ``gate_up_proj``, ``mlp.experts.w13_weight``, vocab-padded shards), i.e. the ``sglang`` preset's
-local tensors. Nothing here raises into SGLang: an exception in a custom loader ends the
+local tensors. In place the worker keeps no copy of them (``docs/memory.md``); with staging, one
+(device or host memory: ``sync.staging_memory``); with test hooks enabled
+(``WEIGHTBRIDGE_TEST_HOOKS=1``) a CPU copy of what it wrote (:attr:`Receiver.buffers`, for the
+bitwise check). Nothing here raises into SGLang: an exception in a custom loader ends the
 scheduler process, so every error becomes the reply's ``error`` (typed, as
 :func:`weightbridge.errors.error_data`) and is kept as ``last_error``.
 """
@@ -27,6 +33,7 @@ scheduler process, so every error becomes the reply's ``error`` (typed, as
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -138,50 +145,69 @@ class Receiver:
         if missing:
             raise EngineMismatch(self.me, f"the spec's local tensors {missing[:5]} are not parameters of SGLang's "
                                           f"model with these shapes (probe='check' says why)")
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.written: dict[str, torch.Tensor] = {}  # test hooks only: CPU copies of what was written
+        self._params: dict[str, torch.Tensor] = {}  # the model's parameters during one update
+        self._wrote = 0
 
     def join(self) -> None:
-        """Open the bridge over receive buffers that hold what the engine serves now (an apply
-        before any push changes nothing)."""
+        """Open the bridge, streaming: no receive buffers (each update writes into the model)."""
+        from weightbridge.integrations._engine import hooks
         from weightbridge.integrations._engine.joining import open_bridge
-        from weightbridge.tensors import empty_like_layout
 
-        params = dict(self.model.named_parameters())
-        self.buffers = empty_like_layout(self.admitted.layout, device=self.device)
-        with torch.no_grad():
-            for name, buf in self.buffers.items():
-                buf.copy_(params[name])
-        self.bridge = open_bridge(self.admitted, self.buffers)
-        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
+        self.record = hooks.enabled()
+        self.bridge = open_bridge(self.admitted, None, device=self.device)
+        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.admitted.layout.tensors),
                  self.bridge.staging)
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
+        of what was written; else the staging copy (async: it may already hold a newer, unapplied
+        version); else nothing (a streaming worker keeps no copy)."""
+        if self.written:
+            return dict(self.written)
+        staging = getattr(self.bridge, "_staging", None)
+        return dict(staging) if staging else {}
 
     # -- ops ------------------------------------------------------------------------------------
     def op_update(self, cmd: Command) -> dict[str, Any]:
+        from sglang.srt.model_loader.loader import post_load_weights
+
         t0 = time.perf_counter()
+        self._params, self._wrote = dict(self.model.named_parameters()), 0
         try:
-            version = self.bridge.apply_instance(cmd.version, timeout_s=float(cmd.timeout_s or self.timeout_s))
+            with torch.no_grad():
+                version = self.bridge.apply_instance(cmd.version, timeout_s=float(cmd.timeout_s or self.timeout_s),
+                                                     sink=self._write)
         except BridgeError as exc:
             self.last_error = exc
             raise
+        finally:
+            if self._wrote:  # the model's post-load fixups (load_weights would run them), torn or not
+                with torch.no_grad():
+                    post_load_weights(self.model)
+            self._params = {}
         t1 = time.perf_counter()
         if version is not None and (not self.history or self.history[-1] != version):
-            self.write_model()
             self.history.append(version)
-        t2 = time.perf_counter()
-        self.timings = {"wait_s": t1 - t0, "apply_s": self.bridge.last_apply_s, "write_s": t2 - t1}
+        receive = self.bridge.last_receive
+        self.timings = {"wait_s": t1 - t0, "apply_s": self.bridge.last_apply_s,
+                        "write_s": receive.transfer_s if receive is not None and not receive.staged
+                        else self.bridge.last_apply_s}
         return {"version": version, **self.timings}
 
-    def write_model(self) -> None:
-        """SGLang's ``direct`` load of the rank's local tensors, then the model's post-load fixups
-        (``load_weights`` would run them; SGLang's ``end_weight_update`` then post-processes)."""
-        from sglang.srt.model_loader.loader import post_load_weights
+    def _write(self, name: str, tensor: torch.Tensor) -> None:
+        """The bridge's sink: SGLang's ``direct`` load of one complete local tensor."""
         from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in self.buffers.items():
-                default_weight_loader(params[name], tensor)
-            post_load_weights(self.model)
+        default_weight_loader(self._params[name], tensor)
+        self._wrote += 1
+        if self.record:
+            self.written[name] = tensor.detach().to("cpu", copy=True)
+
+    def op_release(self, cmd: Command) -> dict[str, Any]:
+        self.bridge.release_buffers()
+        return {}
 
     def op_poll(self, cmd: Command) -> dict[str, Any]:
         from weightbridge.integrations._engine.joining import poll_report
@@ -195,7 +221,8 @@ class Receiver:
         last, self.last_error = self.last_error, None
         return {"rank": self.me, "version": self.bridge.version if self.bridge is not None else None,
                 "history": list(self.history), "timings": dict(self.timings),
-                "last_error": None if last is None else error_data(last)}
+                "last_error": None if last is None else error_data(last), "pid": os.getpid(),
+                "memory": self.bridge.memory() if self.bridge is not None else None}
 
     def op_probed(self, cmd: Command) -> dict[str, Any]:
         return {"layout": None if self.probed is None else self.probed.to_json()}

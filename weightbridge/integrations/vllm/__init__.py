@@ -102,6 +102,12 @@ class WorkerExtension:
 
         return check_worker(self, checkpoint_dir)
 
+    def weightbridge_release(self) -> None:
+        """Free what this worker's bridge keeps between updates (the driver's ``sleep`` calls it first)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is not None and hasattr(engine, "release"):
+            engine.release()
+
     def weightbridge_status(self) -> dict[str, Any] | None:
         engine = getattr(self, "weight_transfer_engine", None)
         status = getattr(engine, "status", None)

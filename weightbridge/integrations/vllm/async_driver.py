@@ -27,6 +27,7 @@ from typing import Any
 
 from weightbridge.integrations.vllm.protocol import BACKEND
 from weightbridge.integrations._engine.init_command import prepare
+from weightbridge.integrations._engine.driver import KV_CACHE, WEIGHTS
 from weightbridge.integrations.vllm.protocol import check_pause, label, update_info
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,9 @@ class AsyncVLLMWeightSync:
             ready = await self.staged()
             if ready is None or (previous is not None and ready <= previous):
                 return None
+        asleep = bool(await self.engine.is_sleeping())
+        if asleep:  # as awake_for_update: weights first, the KV cache once the update succeeded
+            await self.engine.wake_up(tags=[WEIGHTS])
         await self.engine.pause_generation(mode=pause, clear_cache=clear_cache)
         try:
             await self.engine.start_weight_update()
@@ -109,9 +113,17 @@ class AsyncVLLMWeightSync:
                                 self.instance, exc)
                 raise
             applied = await self._finish()
+            if asleep:
+                await self.engine.wake_up(tags=[KV_CACHE])
         finally:
             await self.engine.resume_generation()
         return applied if (version is not None or applied != previous) else None
+
+    async def sleep(self, level: int = 1) -> None:
+        """``AsyncLLM.sleep(level)`` after every worker released what its bridge keeps between updates; the
+        next :meth:`update` wakes the weights, updates, then wakes the KV cache (as the ``LLM`` driver's)."""
+        await self.engine.collective_rpc("weightbridge_release")
+        await self.engine.sleep(level=level)
 
     async def _finish(self) -> int | None:
         """End the protocol, labelled with the version the workers now serve (read from the bridge)."""

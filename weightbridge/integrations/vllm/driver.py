@@ -52,16 +52,33 @@ class VLLMWeightSync(InstanceDriver):
         self.llm = llm
         llm.init_weight_transfer_engine({"init_info": prepared.sealed()})
 
+    def sleep(self, level: int = 1) -> None:
+        """Put the engine to sleep (``LLM.sleep(level)``) after every worker released what its bridge keeps
+        between updates (wire slabs; a staging copy stays: put it in host memory, ``sync.staging_memory``).
+        The next :meth:`update` wakes the weights, updates, then wakes the KV cache (with ``level=2`` the
+        update must bring every weight: a full push, no deltas)."""
+        self.llm.collective_rpc("weightbridge_release")
+        self.llm.sleep(level=level)
+
     def update(self, version: int | None = None, *, timeout_s: float | None = None) -> int | None:
         """Apply ``version`` (wait for it, up to ``timeout_s``) or, with None, the newest complete one.
 
         Returns the version now live, or None when ``version`` is None and nothing newer is
         complete. Raises what the workers raise (``DeadlineExceeded``, ``PeerFailed``, ...) wrapped
-        by vLLM's RPC; the engine keeps serving the previous weights in that case.
+        by vLLM's RPC; the engine keeps serving the previous weights in that case, except in place
+        (``sync.staging`` false), where the workers write as the bytes arrive: a failed update
+        leaves them torn until the next complete one. An engine asleep is woken around the update
+        (:func:`~weightbridge.integrations._engine.driver.awake_for_update`).
         """
         previous = self.version
         if version is None and self.newer_staged() is None:
             return None
+        from weightbridge.integrations._engine.driver import awake_for_update
+
+        with awake_for_update(self.llm.llm_engine.is_sleeping(), lambda tags: self.llm.wake_up(tags=tags)):
+            return self._update(version, previous, timeout_s)
+
+    def _update(self, version: int | None, previous: int | None, timeout_s: float | None) -> int | None:
         from weightbridge.integrations.vllm.protocol import update_info
 
         info = update_info(version, timeout_s or self.timeout_s)

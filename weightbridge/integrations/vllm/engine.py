@@ -13,18 +13,27 @@ engine steps (each is a ``collective_rpc`` from the driver, so every worker of t
 ``update_weights(info)``         every worker calls ``RolloutBridge.apply_instance`` (the bridge's
                                  instance-level apply: the workers agree on one complete version
                                  through the control store, waiting up to ``timeout_s`` for
-                                 ``info.version``), then writes the receive buffers into the model
-``finish_weight_update()``       finalise the reload (post-processing re-runs)
+                                 ``info.version``) with the reload as its sink: each local tensor
+                                 is written into the model as soon as it is complete
+``finish_weight_update()``       finalise the reload (post-processing of what is left re-runs)
 
-Receive buffers: one copy of the rank's checkpoint-format shard (``sync`` mode: received in place,
-the engine is paused for it) or two (``async``: a background thread receives into a staging copy
-while the engine keeps generating). vLLM cannot serve from them: post-processing (prepacking,
-quantisation) consumes checkpoint-format tensors, so every update goes through the reload.
+Memory (``docs/memory.md``): in place (``sync`` mode) the worker keeps no copy of its shard: the
+bridge streams, receiving inside ``update_weights`` (the engine is paused for it) and handing each
+checkpoint-format local tensor to vLLM's layerwise reload the moment its last bytes arrived, which
+processes a layer once all of its tensors came; the rounds bring a rank's tensors in canonical
+order, so layers complete within a round or two. With staging (``async``), a background thread
+receives into one staging copy of the shard (device or host memory: ``sync.staging_memory``)
+while the engine keeps generating, and ``update_weights`` writes that copy into the reload. vLLM
+cannot serve from checkpoint-format tensors (post-processing: prepacking, quantisation), so
+every update goes through the reload. With test hooks enabled (``WEIGHTBRIDGE_TEST_HOOKS=1``)
+the worker also keeps a CPU copy of every tensor it wrote, in either mode
+(:attr:`WeightbridgeEngine.buffers`: the bitwise check of the checkpoint format).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,7 +97,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
     def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
         self.bridge: Any = None
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.written: dict[str, torch.Tensor] = {}  # test hooks only: CPU copies of what was written
         self.probed: Any = None  # the RankLayout probed from vLLM's loader at init (probe="check")
         self.last_error: BaseException | None = None  # the typed error of the last failed or refused init, or update
         self.session: ReloadSession | None = None
@@ -129,8 +138,8 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
 
     def _init(self, init_info: WeightbridgeInitInfo) -> None:
         """Every check first (the running bridge, if any, untouched by a refusal), then the join."""
+        from weightbridge.integrations._engine import hooks
         from weightbridge.integrations._engine.joining import admit, open_bridge
-        from weightbridge.tensors import empty_like_layout
 
         pc = self.parallel_config
         admitted = admit(self.gate, init_info.payload, init_info.seal, me=self.me, engine="vLLM", index=pc.rank,
@@ -146,10 +155,28 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             self.bridge.close()
             self.bridge = None
         self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
-        self.buffers = empty_like_layout(admitted.layout, device=self.device)
-        self.bridge = open_bridge(admitted, self.buffers)
-        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
+        self.written, self.record = {}, hooks.enabled()
+        self.bridge = open_bridge(admitted, None, device=self.device)  # streams: no receive buffers
+        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(admitted.layout.tensors),
                  self.bridge.staging)
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
+        of what was written; else the staging copy (async: it may already hold a newer, unapplied
+        version); else nothing (a streaming worker keeps no copy)."""
+        if self.written:
+            return dict(self.written)
+        staging = getattr(self.bridge, "_staging", None)
+        return dict(staging) if staging else {}
+
+    def _write(self, name: str, tensor: torch.Tensor) -> None:
+        """The bridge's sink: one complete local tensor into vLLM's reload (inside an update session)."""
+        if self.session is None:
+            raise RuntimeError(f"{self.me}: a weight arrived outside start_weight_update / finish_weight_update")
+        self.session.write({name: tensor})
+        if self.record:
+            self.written[name] = tensor.detach().to("cpu", copy=True)
 
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:
@@ -169,20 +196,20 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             raise RuntimeError(f"{self.me}: update_weights before start_weight_update")
         t0 = time.perf_counter()
         try:
-            version = self.bridge.apply_instance(update_info.version,
-                                                 timeout_s=float(update_info.timeout_s or self.timeout_s))
+            with torch.no_grad():  # in place the receive runs here, writing each tensor as it completes
+                version = self.bridge.apply_instance(update_info.version, sink=self._write,
+                                                     timeout_s=float(update_info.timeout_s or self.timeout_s))
         except BridgeError as exc:  # vLLM's RPC re-raises it untyped; the driver can fetch it typed
             self.last_error = exc
             raise
         t1 = time.perf_counter()
         if version is not None:
-            with torch.no_grad():
-                self.session.write(self.buffers)
             self.stats.version = version
             self.stats.updates += 1
             self.stats.history.append(version)
-        t2 = time.perf_counter()
-        self.stats.wait_s, self.stats.apply_s, self.stats.write_s = t1 - t0, self.bridge.last_apply_s, t2 - t1
+        receive = self.bridge.last_receive
+        self.stats.wait_s, self.stats.apply_s = t1 - t0, self.bridge.last_apply_s
+        self.stats.write_s = receive.transfer_s if receive is not None and not receive.staged else self.stats.apply_s
 
     def finish_weight_update(self) -> None:
         session, self.session = self.session, None
@@ -193,13 +220,20 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         if self.bridge is not None:
             self.bridge.close()
             self.bridge = None
+        self.written = {}
+
+    def release(self) -> None:
+        """Free what the bridge keeps between updates (before the engine sleeps); the staging copy stays."""
+        if self.bridge is not None:
+            self.bridge.release_buffers()
 
     def status(self) -> dict[str, Any]:
         return {
             "rank": self.me, "version": self.bridge.version if self.bridge is not None else self.stats.version,
             "updates": self.stats.updates,
             "history": list(self.stats.history), "wait_s": self.stats.wait_s, "apply_s": self.stats.apply_s,
-            "write_s": self.stats.write_s,
+            "write_s": self.stats.write_s, "pid": os.getpid(),
+            "memory": self.bridge.memory() if self.bridge is not None else None,
         }
 
     def _require_init(self) -> None:

@@ -1,17 +1,20 @@
 """Probe vLLM's own ``load_weights`` inside a worker (the check itself: :mod:`.._engine.probing`).
 
 Runs in the worker process (``WeightbridgeEngine.init_transfer_engine``). A second copy of the
-model class is built on the worker's device (the live model's checkpoint-format parameters no
-longer exist after post-processing), probed with :func:`weightbridge.probe.probe_loader` through
-its ``load_weights`` (HF names in, as vLLM loads a checkpoint), and freed. Aliases (a tied
+model class is built in host memory (the live model's checkpoint-format parameters no longer
+exist after post-processing; the device's memory is the engine's), probed with
+:func:`weightbridge.probe.probe_loader` through its ``load_weights`` (HF names in, as vLLM loads a
+checkpoint), and freed. Aliases (a tied
 ``lm_head``, ``mlp.experts.gate`` = ``mlp.gate``) are dropped by ``named_parameters()``'s
 identity de-duplication. The result is cached on disk by a key of everything it depends on
 (vLLM version, model class, HF config, dtype, parallel sizes, worker rank, canonical tensors), so
 later engine starts read it back instead of probing.
 
-Memory: the copy is one more model shard on the device while probing. For models too large for
-that, probe once on a machine that has room, pin the fingerprints in the spec and pass
-``probe="off"``.
+Memory: while probing, the copy is one more model shard in host memory, plus the probe's decode
+state (at most ``max_probe_bytes``, 512 MiB) and one canonical tensor at a time (``docs/memory.md``
+has the measured numbers); none on the device. Probing runs once per engine version, config and
+rank (the cache); to skip it entirely, probe once where there is room, pin the fingerprints in the
+spec and pass ``probe="off"``.
 """
 
 from __future__ import annotations
@@ -83,5 +86,6 @@ def check_against_engine(engine: Any, me: str, resolved: Any, layout: RankLayout
     key = probe_key(engine.vllm_config, engine.parallel_config.rank, resolved.canonical)
     return common.check_against_engine(
         me, "vLLM", resolved, layout, key=key, cache=Path(cache_dir) if cache_dir else default_cache_dir(),
-        probe=lambda: probe_vllm_worker(engine.vllm_config, engine.device, resolved.canonical, layout),
+        probe=lambda: probe_vllm_worker(engine.vllm_config, torch.device(common.PROBE_DEVICE), resolved.canonical,
+                                        layout),
     )

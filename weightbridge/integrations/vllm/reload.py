@@ -52,6 +52,8 @@ class ReloadSession:
         self._moe_kernels: list[tuple[Any, Any]] = []
         self._written: set[str] = set()
         self._loaders: list[tuple[torch.Tensor, Any]] = []
+        self._swapped: set[int] = set()  # ids of the parameters in _loaders
+        self._modules: dict[str, torch.nn.Module] | None = None  # the model's modules by name, once per session
         self._active = False
 
     def begin(self) -> None:
@@ -83,7 +85,9 @@ class ReloadSession:
             make_online_process_loader,
         )
 
-        modules = dict(self.model.named_modules())
+        if self._modules is None:  # write() runs once per tensor when streaming: look the modules up once
+            self._modules = dict(self.model.named_modules())
+        modules = self._modules
         n = 0
         for name, tensor in tensors.items():
             mod_name, _, pname = name.rpartition(".")
@@ -94,7 +98,8 @@ class ReloadSession:
             # Swap the loader inside vLLM's buffering wrapper for a plain copy. The parameter is
             # vLLM's recorded metadata object (restored on meta; ``bias`` is the live one), reused
             # by every later reload: finish() puts the original loader back.
-            if not any(p is param for p, _ in self._loaders):
+            if id(param) not in self._swapped:
+                self._swapped.add(id(param))
                 self._loaders.append((param, _get_original_loader(param)))
             param.weight_loader = _direct_copy_loader
             param.weight_loader = make_online_process_loader(mod, pname)
@@ -117,7 +122,7 @@ class ReloadSession:
         finally:
             for param, loader in self._loaders:
                 param.weight_loader = loader
-            self._loaders = []
+            self._loaders, self._swapped, self._modules = [], set(), None
             self._put_back_kernels()
             self._active = False
 

