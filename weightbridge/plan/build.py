@@ -117,7 +117,7 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
         notes.append(decision.note)
         if decision.use:
             dedup = [len(t.ranks) > 1 for t in templates]
-    packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot)
+    packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot, casts=dict(rollout.casts))
     return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
 
 
