@@ -147,6 +147,9 @@ class TensorBuilder:
         if axis is None:
             return 0, count
         size = self._axis_size(axis)
+        if rule.stack is not None and rule.stack.uneven:  # torch.chunk: ceil-sized, trailing ones short or empty
+            per = -(-count // size)
+            return min(coords[axis] * per, count), min((coords[axis] + 1) * per, count)
         if count % size:
             raise RuleProblem(f"{count} experts are not divisible by {axis}={size}", f"choose {axis} dividing {count}", axis=axis)
         per = count // size

@@ -152,6 +152,8 @@ class Stack(_Strict):
 
     count: IntExpr = Field(description="Number of experts (e.g. num_experts).")
     axis: str | None = Field(default=None, description="Mesh axis experts are dealt over (e.g. ep).")
+    uneven: bool = Field(default=False, description="Deal experts as torch.chunk does (FSDP2's dim-0 shards of a "
+                         "fused [E, ...] tensor); else the count must divide.")
 
 
 class Rule(_Strict):
