@@ -74,12 +74,14 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("qwen2", "qwen2", {k: v for k, v in _DENSE.items() if k != "head_dim"}),  # vLLM: hidden / heads
     Arch("qwen3", "qwen3", {**_DENSE}),
     Arch("mistral", "mistral", {**_DENSE}),
-    Arch("gemma2", "gemma2", {**_DENSE, "query_pre_attn_scalar": 32, "sliding_window": 64}),
-    Arch("gemma3", "gemma3_text", {**_DENSE, "query_pre_attn_scalar": 32, "sliding_window": 64}),
+    # Gemma and Cohere tie their embeddings (vLLM's models have no lm_head of their own).
+    Arch("gemma2", "gemma2", {**_DENSE, "query_pre_attn_scalar": 32, "sliding_window": 64, "tie_word_embeddings": True}),
+    Arch("gemma3", "gemma3_text", {**_DENSE, "query_pre_attn_scalar": 32, "sliding_window": 64,
+                                   "tie_word_embeddings": True}),
     Arch("granite", "granite", {**_DENSE}),
     Arch("ernie4.5", "ernie4_5", {**_DENSE}),
     Arch("exaone4", "exaone4", {**_DENSE, "sliding_window": 64}),
-    Arch("cohere2", "cohere2", {**_DENSE, "sliding_window": 64}),
+    Arch("cohere2", "cohere2", {**_DENSE, "sliding_window": 64, "tie_word_embeddings": True}),
     Arch("olmo2", "olmo2", {**_DENSE}),
     Arch("smollm3", "smollm3", {**_DENSE}),
     Arch("starcoder2", "starcoder2", {**_DENSE, "intermediate_size": 256}),
