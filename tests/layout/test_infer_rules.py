@@ -178,3 +178,25 @@ def test_hostile_probe_files_exit_2_or_are_reported(tmp_path: Path, capsys) -> N
     paths[0].write_text(json.dumps(bad))
     rc, err = rules(*map(str, paths))
     assert rc == 1 and "the model does not have: no.such.tensor" in err, err[-800:]
+
+
+def test_stacked_experts_from_per_expert_tensors() -> None:
+    """vLLM's w13 = stack over experts of [w1; w3] (each split over tp), or experts dealt over the
+    ranks (expert parallel): one body with {expert}, and the stack."""
+    names = [f"model.layers.0.moe.experts.{e}.{w}.weight" for e in range(4) for w in ("w1", "w3")]
+    model = CanonicalModel(tuple(sorted(CanonicalTensor(n, (6, 5), "float32") for n in names)))
+    split = {"local": "model.layers.{layer}.moe.w13", "stack": {"count": 4}, "concat": {"dim": 0, "parts": [
+        {"canonical": "model.layers.{layer}.moe.experts.{expert}.w1.weight", "shard": "column"},
+        {"canonical": "model.layers.{layer}.moe.experts.{expert}.w3.weight", "shard": "column"}]}}
+    dealt = {**split, "stack": {"count": 4, "axis": "tp"}, "concat": {"dim": 0, "parts": [
+        {"canonical": p["canonical"]} for p in split["concat"]["parts"]]}}
+    for truth in (split, dealt):
+        ranks = _expand(model, 2, [truth])
+        inferred = infer_rules(model, ranks, axis="tp")
+        assert inferred.unexplained == ()
+        (rule,) = inferred.rules
+        assert rule["stack"] == truth["stack"]
+        assert [p["canonical"] for p in rule["concat"]["parts"]] == [
+            "model.layers.{layer}.moe.experts.{expert}.w1.weight", "model.layers.{layer}.moe.experts.{expert}.w3.weight"]
+        again = _expand(model, 2, [rule])
+        assert [layout_fingerprint(r) for r in again] == [layout_fingerprint(r) for r in ranks]

@@ -149,7 +149,7 @@ def test_same_layouts_as_the_old_when_false_workarounds() -> None:
     assert [layout_fingerprint(r) for r in new_t.trainer.ranks] == [layout_fingerprint(r) for r in old_t.trainer.ranks]
     new_r = _resolve(_spec("  preset: fsdp2\n  mesh: {dp: 2}\n", FUSED_BLOCKS_ROLLOUT))
     old_rollout = _old_way(FUSED_BLOCKS_ROLLOUT, "vllm")
-    assert old_rollout.count("when: false") == 16  # every vllm rule but lm_head.weight and {*}, restated
+    assert old_rollout.count("when: false") == 26  # every vllm rule but lm_head.weight and {*}, restated
     old_r = _resolve(_spec("  preset: fsdp2\n  mesh: {dp: 2}\n", old_rollout))
     assert [layout_fingerprint(r) for r in new_r.rollout.ranks] == [layout_fingerprint(r) for r in old_r.rollout.ranks]
 

@@ -11,11 +11,15 @@ each local tensor, the rule that gives the same boxes:
   and the ``shard`` step (equal consecutive chunks over the axis; blocks replicated on
   consecutive ranks, vLLM's KV heads, give ``blocks`` + ``replicate``); the local block's shape
   against the canonical box's gives ``transpose`` or ``permute``;
+* a tensor only the first rank fills (a row-parallel bias added once) is padded to the axis size
+  times its rows and sharded: the other ranks hold padding of the same shape;
+* a tensor whose dim 0 stacks experts (every piece of one slot from one ``experts.N.`` tensor)
+  gets one body for all slots with ``{expert}``, and ``stack`` (dealt over the axis when the
+  ranks hold different experts);
 * layer indices become ``{layer}`` (one rule per tensor template, from its first layer).
 
-What this vocabulary cannot say (uneven chunks, vocabulary padding, experts stacked from
-per-expert tensors, a view of different dims) is reported per tensor, not guessed: the presets
-carry those. Every rule it writes must still be checked by expanding it and diffing against the
+What this vocabulary cannot say (uneven chunks, vocabulary padding, a view of different dims) is
+reported per tensor, not guessed: the presets carry those. Every rule it writes must still be checked by expanding it and diffing against the
 probes (:func:`weightbridge.ops.rules_from_probe.rules_from_probes` does).
 """
 
@@ -192,6 +196,86 @@ def _rule(name: str, per_rank: list[LocalTensor], model: CanonicalModel, axis: s
     return rule
 
 
+_EXPERT = re.compile(r"(?<=\.experts\.)(\d+)(?=\.)")
+
+
+def _expert_of(p: Piece) -> int | None:
+    m = _EXPERT.search(p.canonical)
+    return int(m.group(1)) if m else None
+
+
+def _stacked_rule(name: str, per_rank: list[LocalTensor], model: CanonicalModel, axis: str) -> dict[str, Any] | None:
+    """The rule of a tensor whose dim 0 stacks experts (``w13_weight`` of per-expert checkpoint
+    tensors): one body for every expert slot, ``{expert}`` in its canonical names, dealt over
+    ``axis`` when the ranks hold different experts. None when the tensor is not such a stack."""
+    if any(len(t.shape) < 2 for t in per_rank) or not all(t.pieces for t in per_rank):
+        return None
+    if not all(_expert_of(p) is not None and p.local_box[0][1] - p.local_box[0][0] == 1 for t in per_rank for p in t.pieces):
+        return None
+    slots: list[dict[int, list[Piece]]] = []
+    firsts = []
+    for t in per_rank:
+        by_slot: dict[int, list[Piece]] = {}
+        for p in t.pieces:
+            by_slot.setdefault(p.local_box[0][0], []).append(p)
+        experts = []
+        for i in range(t.shape[0]):
+            es = {_expert_of(p) for p in by_slot.get(i, [])}
+            if len(es) != 1:
+                raise _Cannot(f"stacked slot {i} holds experts {sorted(e for e in es if e is not None)}")
+            experts.append(es.pop())
+        if experts != list(range(experts[0], experts[0] + len(experts))):
+            raise _Cannot(f"stacked experts {experts} are not consecutive")
+        slots.append(by_slot)
+        firsts.append(experts[0])
+    ref = firsts[0]
+
+    def item(t: LocalTensor, pieces: list[Piece], expert: int) -> LocalTensor:
+        """Slot ``pieces`` of expert ``expert`` as an unstacked tensor, named as expert ``ref``'s."""
+        pat = re.compile(rf"(?<=\.experts\.){expert}(?=\.)")
+        moved = tuple(Piece(pat.sub(str(ref), p.canonical, count=1), p.canonical_box, p.local_box[1:], p.transpose)
+                      for p in pieces)
+        return LocalTensor(t.name, t.shape[1:], t.dtype, moved)
+
+    body = None
+    for i in range(per_rank[0].shape[0]):
+        rule = _rule(name, [item(t, slots[r][i], firsts[r] + i) for r, t in enumerate(per_rank)], model, axis)
+        if body is not None and rule != body:
+            raise _Cannot(f"stacked slot {i} is laid out unlike slot 0")
+        body = rule
+    assert body is not None
+    pat = re.compile(rf"(?<=\.experts\.){ref}(?=\.)")
+
+    def sub(value: Any) -> Any:
+        if isinstance(value, str):
+            return pat.sub("{expert}", value)
+        if isinstance(value, list):
+            return [sub(v) for v in value]
+        if isinstance(value, dict):
+            return {k: sub(v) for k, v in value.items()}
+        return value
+
+    out = sub(body)
+    count = firsts[-1] + per_rank[-1].shape[0] if len(set(firsts)) > 1 else per_rank[0].shape[0]
+    out["stack"] = {"count": count, **({"axis": axis} if len(set(firsts)) > 1 else {})}
+    return out
+
+
+def _first_rank_only(name: str, holders: list[RankLayout], ranks: Sequence[RankLayout], model: CanonicalModel,
+                     axis: str) -> dict[str, Any]:
+    """A tensor only the first rank fills, whole (a row-parallel bias added once: vLLM's gpt-oss
+    ``w2_bias``; the other ranks' copy stays zero): dim 0 padded to ``axis`` times its size and
+    sharded over ``axis``, so rank 0 holds the data and every other rank padding of the same shape."""
+    if [r.rank for r in holders] != [ranks[0].rank]:
+        raise _Cannot("held by some ranks only, and not just by the first")
+    t = ranks[0].tensor(name)
+    rule = _rule(name, [t], model, axis)
+    if "canonical" not in rule or any(k in rule for k in ("slice", "shard", "pad", "permute", "transpose")):
+        raise _Cannot("held by the first rank only, not as one whole canonical tensor")
+    n = model[rule["canonical"]].shape[0]
+    return {**rule, "pad": {"dim": 0, "multiple": f"{axis} * {n}"}, "shard": [{"dim": 0, "axis": axis}]}
+
+
 def _templated(rule: dict[str, Any], layer: str | None) -> dict[str, Any]:
     """``rule`` with ``.layers.<layer>.`` written ``.layers.{layer}.`` in every name."""
     if layer is None:
@@ -227,13 +311,19 @@ def infer_rules(model: CanonicalModel, ranks: Sequence[RankLayout], *, axis: str
     rules, unexplained = [], []
     for tmpl in sorted(by_template):
         name, layer = by_template[tmpl]
-        try:
-            per_rank = [r.tensor(name) for r in ranks]
-        except KeyError:
-            unexplained.append((name, "not held by every rank"))
+        held = [t for r in ranks for t in r.tensors if t.name == name and t.pieces]
+        if len(held) != len(ranks):
+            try:
+                rule = _first_rank_only(name, [r for r in ranks if any(t.name == name for t in r.tensors)], ranks,
+                                        model, axis)
+            except _Cannot as exc:
+                unexplained.append((name, str(exc)))
+                continue
+            rules.append(_templated(rule, layer))
             continue
+        per_rank = held
         try:
-            rule = _rule(name, per_rank, model, axis)
+            rule = _stacked_rule(name, per_rank, model, axis) or _rule(name, per_rank, model, axis)
         except _Cannot as exc:
             unexplained.append((name, str(exc)))
             continue

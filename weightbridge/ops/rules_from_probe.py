@@ -6,8 +6,9 @@ spec: ``probe JSON: ...``). It diffs the spec's expansion of every rank against 
 a rule for each local tensor that differs or that only the probe has
 (:func:`weightbridge.layout.infer.infer_rules`), switches off the side's rules for tensors only
 the spec has (``when: false``), and checks the result the only way that counts: the spec with
-those rules added is expanded again and diffed against every probe. Nothing is applied to the
-spec file; the caller gets YAML to paste under the side's ``rules:``.
+those rules added (replacing the spec's own rules for the same local templates) is expanded again
+and diffed against every probe. Nothing is applied to the spec file; the caller gets YAML to paste
+under the side's ``rules:`` (in place of the spec's rules for those tensors).
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ def rules_from_probes(spec: str | Path, side: str, probes: list[RankLayout], *, 
     axis = "tp" if "tp" in moving or not moving else moving[0]  # derived axes (an engine's etp) move with tp
     if len(moving) > 1 and any(any(c[a] != c[axis] for c in coords) for a in moving):
         raise ValueError(f"the {side} ranks differ along {moving}: rules are inferred along one mesh axis")
+    held = {t.name for p in probes for t in p.tensors if t.pieces}  # by any rank's probe
     differ: set[str] = set()
     only_spec: set[str] = set()
     for want, got in zip(ranks, probes):
         for d in diff_layouts(want, got):
-            (only_spec if d.message.startswith("only in A") else differ).add(d.name)
+            (differ if d.name in held else only_spec).add(d.name)
     inferred = infer_rules(resolved.canonical, probes, axis=axis, names=sorted(differ))
     out = ProbeRules(rules=list(inferred.rules), unexplained=list(inferred.unexplained))
     made = {r["local"] for r in out.rules}
@@ -83,7 +85,8 @@ def rules_from_probes(spec: str | Path, side: str, probes: list[RankLayout], *, 
         out.rules.append({"local": rule.local, "canonical": rule.parts()[0].canonical, "when": False})
     # Check: the spec with these rules, expanded again, against every probe.
     data = yaml.safe_load(path.read_text())
-    data[side]["rules"] = list(data[side].get("rules") or []) + out.rules
+    made = {r["local"] for r in out.rules}  # the spec's own rules for these tensors are replaced
+    data[side]["rules"] = [r for r in data[side].get("rules") or [] if r.get("local") not in made] + out.rules
     again, problems = check_text(yaml.safe_dump(data, sort_keys=False), str(path), path.parent)
     if problems or again is None:
         out.remaining = [f"the spec with these rules does not validate: {p}" for p in problems]

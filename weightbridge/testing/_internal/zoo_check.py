@@ -192,18 +192,24 @@ def run_case(name: str, tp: int, workdir: str | Path, *, steps: int = 2, timeout
         launch(zoo_trainer, [({**job, "rank": r},) for r in range(2)], timeout_s=timeout_s * (steps + 2), threads=1)),
         daemon=True)
     report: dict[str, Any] = {"arch": name, "tp": tp, "amx": amx, "updates": [], "trainer": None}
+    # Resolve the spec once before vLLM runs here: the canonical model from the config is built by
+    # transformers and cached (WEIGHTBRIDGE_CACHE_DIR), and vLLM's Transformers backend (OLMo-2 on
+    # vLLM 0.32) patches transformers' layers in its process, after which building Olmo2 fails.
+    from weightbridge.spec.resolve import load_spec
+
+    load_spec(spec)
     t0 = time.perf_counter()
     llm = make_engine(v0, tp)
     report["engine_start_s"] = time.perf_counter() - t0
     try:
         report["v0"] = llm.collective_rpc(compare_worker, args=(str(v0),))
         report["initial"] = generate(llm) if can_generate else None
-        trainers.start()
         log(f"[zoo] {name} TP{tp}: engine up in {report['engine_start_s']:.1f}s; v0 vs fresh: "
             f"{[r['problems'] or 'equal' for r in report['v0']]}")
         t0 = time.perf_counter()
         sync = VLLMWeightSync(llm, spec, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="zoo"))
         report["init_s"] = time.perf_counter() - t0
+        trainers.start()  # only now: an engine that refuses the spec fails the case without waiting on them
         for v in range(1, steps + 1):
             t0 = time.perf_counter()
             sync.update(v)
@@ -249,3 +255,53 @@ if __name__ == "__main__":
     import sys
 
     raise SystemExit(main(sys.argv[1:]))
+
+
+def run_in_subprocess(arch: str, tp: int, amx: bool, workdir: Path, steps: int = 2, timeout_s: float = 600) -> dict[str, Any]:
+    """One case as the tests run it: ``python -m`` this module (vLLM spawns: the driver must be a
+    ``__main__``), with its own probe/canonical cache; raises ``AssertionError`` with the case's log
+    lines when it fails. Returns the report."""
+    import subprocess
+    import sys
+
+    out = workdir / "report.json"
+    env = {**os.environ, "WEIGHTBRIDGE_CACHE_DIR": str(workdir / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    argv = [sys.executable, "-m", "weightbridge.testing._internal.zoo_check", arch, str(tp), str(workdir), str(out),
+            str(steps)] + (["amx"] if amx else [])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
+                          start_new_session=True)
+    summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("[zoo]"))
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"{summary}\n{proc.stderr[-4000:]}")
+    print(summary)
+    return json.loads(out.read_text())
+
+
+def report_problems(report: dict[str, Any], tp: int, amx: bool, steps: int = 2) -> list[str]:
+    """What is wrong with a case's report (empty: the case passed). Checked: both trainer ranks
+    finished; the engine's own load equals a fresh load (the comparison works); every version is
+    bitwise a fresh load of its checkpoint on every worker, with parameters and packed GEMM weights
+    (and the AMX packs when forced) compared; an empty update changes nothing; the final model is
+    not v0 (the comparison can fail); DeepSeek-V3 / GLM-4-MoE moved their correction-bias buffer."""
+    bad = []
+    if [t["ok"] for t in report["trainer"]] != [True, True]:
+        bad.append(f"trainer ranks: {report['trainer']}")
+    if [w["problems"] for w in report["v0"]] != [[]] * tp:
+        bad.append(f"engine start vs fresh load: {report['v0']}")
+    if [u["version"] for u in report["updates"]] != list(range(1, steps + 1)):
+        bad.append(f"versions applied: {[u['version'] for u in report['updates']]}")
+    for u in report["updates"]:
+        if [w["problems"] for w in u["workers"]] != [[]] * tp:
+            bad.append(f"v{u['version']}: {[w['problems'] for w in u['workers']]}")
+        counts = u["workers"][0]["counts"] if u["workers"] else {}
+        if not counts.get("param") or not counts.get("packed") or (amx and not counts.get("attr")):
+            bad.append(f"v{u['version']}: too little compared: {counts}")
+    if [w["problems"] for w in report.get("empty_update", [])] != [[]] * tp:
+        bad.append(f"an empty update changed the model: {report.get('empty_update')}")
+    if not report.get("against_v0") or not all(w["problems"] for w in report["against_v0"]):
+        bad.append("the updated model still equals v0: the comparison did not see the updates")
+    if report["arch"] in ("deepseek-v3", "glm4-moe") and report["trainer"][0]["value"] and not any(
+            b.endswith("mlp.gate.e_score_correction_bias") for b in report["trainer"][0]["value"]["buffers"]):
+        bad.append("the trainer moved no e_score_correction_bias")
+    return bad

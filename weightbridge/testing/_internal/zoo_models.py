@@ -55,6 +55,38 @@ def _fused(local: str, canonical: str, sizes: list[str], blocks: list[str | None
     return {"local": local, "concat": {"dim": 0, "parts": parts}}
 
 
+# gpt-oss on vLLM renames nearly every tensor; written by `weightbridge rules` from the engine's probe
+# files at TP 2 (they hold at TP 1 too), plus switching off the preset rules of the names it does not use.
+_TP0 = [{"dim": 0, "axis": "tp"}]
+GPT_OSS_ROLLOUT: list[dict[str, Any]] = [
+    *({"local": local, "canonical": canonical, "when": False} for local, canonical in [
+        ("model.embed_tokens.weight", "model.embed_tokens.weight"),
+        ("model.layers.{layer}.self_attn.qkv_proj.weight", "model.layers.{layer}.self_attn.q_proj.weight"),
+        ("model.layers.{layer}.self_attn.qkv_proj.bias", "model.layers.{layer}.self_attn.q_proj.bias"),
+        ("model.layers.{layer}.self_attn.o_proj.weight", "model.layers.{layer}.self_attn.o_proj.weight")]),
+    {"local": "model.embedding.weight", "canonical": "model.embed_tokens.weight", "shard": _TP0},
+    *({"local": f"model.layers.{{layer}}.attn.qkv_proj.{kind}", "concat": {"dim": 0, "parts": [
+        {"canonical": f"model.layers.{{layer}}.self_attn.{x}_proj.{kind}", "shard": _TP0} for x in "qkv"]}}
+      for kind in ("weight", "bias")),
+    {"local": "model.layers.{layer}.attn.o_proj.weight", "canonical": "model.layers.{layer}.self_attn.o_proj.weight",
+     "shard": [{"dim": 1, "axis": "tp"}]},
+    {"local": "model.layers.{layer}.attn.o_proj.bias", "canonical": "model.layers.{layer}.self_attn.o_proj.bias"},
+    {"local": "model.layers.{layer}.attn.sinks", "canonical": "model.layers.{layer}.self_attn.sinks", "shard": _TP0},
+    {"local": "model.layers.{layer}.mlp.experts.routed_experts.w13_weight",
+     "canonical": "model.layers.{layer}.mlp.experts.gate_up_proj", "shard": [{"dim": 2, "axis": "tp"}],
+     "permute": [0, 2, 1]},
+    {"local": "model.layers.{layer}.mlp.experts.routed_experts.w13_bias",
+     "canonical": "model.layers.{layer}.mlp.experts.gate_up_proj_bias", "shard": [{"dim": 1, "axis": "tp"}]},
+    {"local": "model.layers.{layer}.mlp.experts.routed_experts.w2_weight",
+     "canonical": "model.layers.{layer}.mlp.experts.down_proj", "shard": [{"dim": 1, "axis": "tp"}],
+     "permute": [0, 2, 1]},
+    # A row-parallel bias added once: rank 0 holds it, the others zeros of the same shape.
+    {"local": "model.layers.{layer}.mlp.experts.routed_experts.w2_bias",
+     "canonical": "model.layers.{layer}.mlp.experts.down_proj_bias",
+     "pad": {"dim": 0, "multiple": "tp * num_experts"}, "shard": _TP0},
+]
+
+
 @dataclass(frozen=True)
 class Arch:
     """One zoo architecture: transformers ``model_type``, its tiny config, spec rules per side."""
@@ -98,18 +130,24 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     ), params={"intermediate_size": 128}),
     Arch("qwen3-moe", "qwen3_moe", {**_DENSE, **_MOE, "num_experts": 8}),
     Arch("mixtral", "mixtral", {**_DENSE, "num_local_experts": 8, "intermediate_size": 64, "num_experts_per_tok": 2}),
+    # vLLM keeps GLM-4-MoE's router in float32 (DeepSeek's in the model dtype); rule by `weightbridge rules`.
     Arch("glm4-moe", "glm4_moe", {**_DENSE, **_MOE, "n_routed_experts": 8, "n_shared_experts": 1,
                                   "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
-                                  "partial_rotary_factor": 0.5}),
+                                  "partial_rotary_factor": 0.5}, rollout_rules=(
+        {"local": "model.layers.{layer}.mlp.gate.weight", "canonical": "model.layers.{layer}.mlp.gate.weight",
+         "dtype": "float32"},
+    )),
     Arch("deepseek-v2", "deepseek_v2", {**_MLA, "q_lora_rank": None, "topk_method": "greedy"}),
     Arch("deepseek-v3", "deepseek_v3", {**_MLA, "q_lora_rank": 32, "topk_method": "noaux_tc"}),
     Arch("qwen3-next", "qwen3_next", {**_DENSE, **_MOE, "num_experts": 8, "shared_expert_intermediate_size": 64,
+                                      # vLLM-CPU's gated delta rule kernel takes head dim 128 only
                                       "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                      "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                                      "linear_key_head_dim": 128, "linear_value_head_dim": 128,
                                       "linear_conv_kernel_dim": 4,
                                       "layer_types": ["linear_attention", "full_attention"]}),
     Arch("gpt-oss", "gpt_oss", {**_DENSE, "num_local_experts": 8, "intermediate_size": 64, "num_experts_per_tok": 2,
-                                "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]}),
+                                "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"]},
+         rollout_rules=tuple(GPT_OSS_ROLLOUT)),
 ]}
 
 
