@@ -244,18 +244,7 @@ def _stacked_rule(name: str, per_rank: list[LocalTensor], model: CanonicalModel,
             raise _Cannot(f"stacked slot {i} is laid out unlike slot 0")
         body = rule
     assert body is not None
-    pat = re.compile(rf"(?<=\.experts\.){ref}(?=\.)")
-
-    def sub(value: Any) -> Any:
-        if isinstance(value, str):
-            return pat.sub("{expert}", value)
-        if isinstance(value, list):
-            return [sub(v) for v in value]
-        if isinstance(value, dict):
-            return {k: sub(v) for k, v in value.items()}
-        return value
-
-    out = sub(body)
+    out = _renamed(body, re.compile(rf"(?<=\.experts\.){ref}(?=\.)"), "{expert}")
     count = firsts[-1] + per_rank[-1].shape[0] if len(set(firsts)) > 1 else per_rank[0].shape[0]
     out["stack"] = {"count": count, **({"axis": axis} if len(set(firsts)) > 1 else {})}
     return out
@@ -280,18 +269,18 @@ def _templated(rule: dict[str, Any], layer: str | None) -> dict[str, Any]:
     """``rule`` with ``.layers.<layer>.`` written ``.layers.{layer}.`` in every name."""
     if layer is None:
         return rule
-    pat = re.compile(rf"(?<=\.layers\.){layer}(?=\.)")
+    return _renamed(rule, re.compile(rf"(?<=\.layers\.){layer}(?=\.)"), "{layer}")
 
-    def sub(value: Any) -> Any:
-        if isinstance(value, str):
-            return pat.sub("{layer}", value)
-        if isinstance(value, list):
-            return [sub(v) for v in value]
-        if isinstance(value, dict):
-            return {k: sub(v) for k, v in value.items()}
-        return value
 
-    return sub(rule)
+def _renamed(value: Any, pattern: re.Pattern[str], template: str) -> Any:
+    """``value`` (rule data) with ``pattern`` replaced by ``template`` in every string."""
+    if isinstance(value, str):
+        return pattern.sub(template, value)
+    if isinstance(value, list):
+        return [_renamed(v, pattern, template) for v in value]
+    if isinstance(value, dict):
+        return {k: _renamed(v, pattern, template) for k, v in value.items()}
+    return value
 
 
 def infer_rules(model: CanonicalModel, ranks: Sequence[RankLayout], *, axis: str = "tp",
