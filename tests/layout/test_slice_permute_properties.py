@@ -194,6 +194,7 @@ def test_too_many_permute_pieces_is_a_problem_not_a_hang() -> None:
 @pytest.mark.parametrize(("fields", "message"), [
     ({"permute": [0, 0]}, "permute must be a permutation of 0..1, got [0, 0]"),
     ({"permute": [1, 0], "transpose": True}, "transpose and permute both given"),
+    ({"permute": list(range(9))}, "permute of 9 dims; at most 8"),
 ])
 def test_bad_permutations_are_spec_errors(fields: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -109,7 +109,12 @@ _PERMUTE_DOC = (
 )
 
 
+MAX_PERMUTE_DIMS = 8  # permuted_pieces tries every subset of dims to keep whole: 2**8 at most
+
+
 def _is_permutation(perm: list[int] | None) -> list[int] | None:
+    if perm is not None and len(perm) > MAX_PERMUTE_DIMS:
+        raise ValueError(f"permute of {len(perm)} dims; at most {MAX_PERMUTE_DIMS}")
     if perm is not None and sorted(perm) != list(range(len(perm))):
         raise ValueError(f"permute must be a permutation of 0..{len(perm) - 1}, got {perm}")
     return perm
