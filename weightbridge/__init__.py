@@ -8,7 +8,9 @@ lazily, so ``import weightbridge`` stays cheap (and ``weightbridge.load_spec`` n
 * ``TrainerBridge`` / ``RolloutBridge`` / ``ColocatedBridge``: the runtime (``weightbridge.bridge``);
   ``BridgeOptions``: their per-process options (store key prefix, test hooks);
 * ``open_store(host, port, is_master=..., timeout_s=...)``: host the control store outside
-  trainer rank 0, so ranks may stop in any order (bridges then get ``store=`` or ``host``/``port``).
+  trainer rank 0, so ranks may stop in any order (bridges then get ``store=`` or ``host``/``port``);
+* ``trainer_tensors(model)``: a trainer rank's tensors by name (DTensor parameters' local shards and
+  the persistent buffers that are checkpoint tensors), what ``TrainerBridge`` takes.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ _EXPORTS = {
     "ForgedMessage": "weightbridge.errors",
     "TransportError": "weightbridge.transport.errors",
     "open_store": "weightbridge.transport.store",
+    "trainer_tensors": "weightbridge.tensors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -456,3 +456,26 @@ def diff_tensors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tenso
         if len(bad) >= limit:
             break
     return bad
+
+
+# ---------------------------------------------------------------------------
+# a trainer's tensors
+# ---------------------------------------------------------------------------
+
+
+def trainer_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A trainer rank's tensors by name, as ``TrainerBridge`` takes them: every parameter (a
+    DTensor's ``to_local()`` shard; a tied parameter once, under its first name) and every
+    persistent buffer, since those are checkpoint tensors too (DeepSeek-V3's and GLM-4-MoE's
+    ``mlp.gate.e_score_correction_bias``; ``fully_shard`` leaves buffers whole on every rank).
+    Non-persistent buffers (rotary ``inv_freq``) are not in a checkpoint and are left out."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        out[name] = p.to_local() if hasattr(p, "to_local") else p
+    for mod_name, mod in model.named_modules():
+        for b_name, b in mod.named_buffers(recurse=False):
+            if b is None or b_name in mod._non_persistent_buffers_set:
+                continue
+            name = f"{mod_name}.{b_name}" if mod_name else b_name
+            out.setdefault(name, b.to_local() if hasattr(b, "to_local") else b)
+    return out

@@ -144,12 +144,12 @@ def test_fused_blocks_engine_on_its_own_axes() -> None:
 def test_same_layouts_as_the_old_when_false_workarounds() -> None:
     new_t = _resolve(_spec(LLAMA_REF_TRAINER, "  preset: vllm\n  mesh: {tp: 2}\n"))
     old_trainer = _old_way(LLAMA_REF_TRAINER, "fsdp2")
-    assert old_trainer.count("when: false") == 13  # every fsdp2 rule, the {*} fallback included
+    assert old_trainer.count("when: false") == 17  # every fsdp2 rule (local templates), the {*} fallback included
     old_t = _resolve(_spec(old_trainer, "  preset: vllm\n  mesh: {tp: 2}\n"))
     assert [layout_fingerprint(r) for r in new_t.trainer.ranks] == [layout_fingerprint(r) for r in old_t.trainer.ranks]
     new_r = _resolve(_spec("  preset: fsdp2\n  mesh: {dp: 2}\n", FUSED_BLOCKS_ROLLOUT))
     old_rollout = _old_way(FUSED_BLOCKS_ROLLOUT, "vllm")
-    assert old_rollout.count("when: false") == 15  # every vllm rule but lm_head.weight and {*}, restated
+    assert old_rollout.count("when: false") == 26  # every vllm rule but lm_head.weight and {*}, restated
     old_r = _resolve(_spec("  preset: fsdp2\n  mesh: {dp: 2}\n", old_rollout))
     assert [layout_fingerprint(r) for r in new_r.rollout.ranks] == [layout_fingerprint(r) for r in old_r.rollout.ranks]
 
@@ -160,7 +160,8 @@ def test_mesh_family_borrows_a_presets_numbering_and_stages() -> None:
     native = _resolve(_spec("  preset: hf\n", "  preset: vllm\n  mesh: {tp: 2, pp: 2}\n").replace("tiny-llama", "tiny-qwen2"))
     index = NameIndex(t.name for t in native.canonical.tensors)  # spec rules must match something; preset rules need not
     rules = [r.model_dump(mode="json", exclude_defaults=True) for r in preset.rules
-             if r.is_fallback or index.match(CanonicalPattern.compile(r.parts()[0].canonical))]
+             if r.is_fallback or all(index.match(CanonicalPattern.compile(t))
+                                     for t in (r.parts()[0].canonical, *r.requires))]
     own = {"preset": "none", "mesh_family": "vllm", "mesh": {"tp": 2, "pp": 2}, "params": dict(preset.params), "rules": rules}
     trainer = "  preset: hf\n"
     text = _spec(trainer, "  " + yaml.safe_dump(own).replace("\n", "\n  ").rstrip(" "))

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from weightbridge.transport import Executor, TransportError, create_bridge_group, open_store
-from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names
+from weightbridge.tensors import canonical_tensors, diff_tensors, empty_like_layout, materialize, needed_names, torch_dtype
 
 from transport_workers import make_plan, resolve  # noqa: I001 - sibling module (tests/transport)
 
@@ -60,7 +60,11 @@ def delta_transfer(cfg: dict[str, Any]) -> dict[str, Any]:
                 rec = {"version": v}
             else:
                 stats = ex.run(dst, version=v)
-                rec = {"version": v, "diff": diff_tensors(dst, materialize(layout, canon, fill=FILL))}
+                # What an engine loading the checkpoint holds: values through the checkpoint's dtype
+                # where the rollout's is wider (SideLayout.casts), then the rollout's.
+                through = {n: canon[n].to(torch_dtype(d)) for n, d in r.rollout.casts if n in canon}
+                want = materialize(layout, {**canon, **through}, fill=FILL)
+                rec = {"version": v, "diff": diff_tensors(dst, want)}
             rec.update({k: getattr(stats, k) for k in ("delta_buckets", "full_buckets", "changed_elements",
                                                        "compared_elements", "wire_bytes_sent", "wire_bytes_received",
                                                        "bytes_sent", "bytes_received", "peak_buffer_bytes",

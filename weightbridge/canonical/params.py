@@ -8,7 +8,8 @@ Keys produced (only those derivable; ``None`` values are omitted):
 ``num_layers, hidden_size, num_heads, num_kv_heads, head_dim, vocab_size,
 intermediate_size, num_experts, moe_intermediate_size, num_shared_experts,
 first_k_dense, tie_word_embeddings, q_lora_rank, kv_lora_rank,
-qk_nope_head_dim, qk_rope_head_dim, v_head_dim, model_type``
+qk_nope_head_dim, qk_rope_head_dim, v_head_dim, linear_num_key_heads, linear_num_value_heads,
+linear_key_head_dim, linear_value_head_dim, model_type``
 
 Decisions:
 
@@ -48,6 +49,11 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    # Qwen3-Next's gated delta net (linear attention layers)
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
 }
 
 

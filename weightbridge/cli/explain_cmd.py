@@ -6,7 +6,11 @@ JSON form (stable; boxes are lists of ``[start, stop]``)::
 
     {"side": "rollout", "rank": 1, "instance": 0, "local_rank": 1, "coords": {"tp": 1, ...},
      "tensors": [{"name", "shape", "dtype",
-                  "pieces": [{"canonical", "canonical_box", "local_box", "transpose"}]}]}
+                  "pieces": [{"canonical", "canonical_box", "local_box", "transpose"}]}],
+     "casts": [{"tensor", "canonical", "checkpoint_dtype", "dtype"}]}   # only when there are any
+
+``casts``: values that pass through the checkpoint's narrower dtype on their way into a wider
+local tensor (what an engine loading the checkpoint holds; they cross the wire in that dtype).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 
 from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, UsageError, load_rank_or_report, print_json, show
 from weightbridge.layout.box import format_box
-from weightbridge.layout.explain import explain_json, select_tensors
+from weightbridge.layout.explain import explain_json, select_tensors, tensor_casts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,13 +44,14 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_rank_or_report(args.spec, args.side, args.rank)
     if loaded is None:
         return EXIT_USAGE
-    rank = loaded[1]
+    resolved, rank = loaded
+    casts = dict(resolved.side(args.side).casts)
     tensors = select_tensors(rank, args.tensor)
     if args.tensor is not None and not tensors:
         print(f"no local tensor of {args.side} rank {args.rank} matches {show(args.tensor)}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        print_json(explain_json(rank, tensors))
+        print_json(explain_json(rank, tensors, casts))
         return EXIT_OK
     from rich.console import Console
     from rich.markup import escape
@@ -54,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True, highlight=False)
     coords = " ".join(f"{k}={v}" for k, v in rank.coords)
     console.print(f"[bold]{args.side} rank {rank.rank}[/] (instance {rank.instance}, local rank {rank.local_rank}; {coords})")
+    through = {}
+    for c in tensor_casts(tensors, casts):
+        through.setdefault(c["tensor"], set()).add(c["checkpoint_dtype"])
     for t in tensors:
-        console.print(f"[cyan]{escape(t.name)}[/] {list(t.shape)} {t.dtype}")
+        cast = "".join(f" [yellow](values through the checkpoint's {d})[/]" for d in sorted(through.get(t.name, ())))
+        console.print(f"[cyan]{escape(t.name)}[/] {list(t.shape)} {t.dtype}{cast}")
         if not t.pieces:
             console.print("    (padding only)")
         for p in t.pieces:

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
                     "mesh_axes": list(p.family.user_axes) + [a for a, _ in p.family.defaults],
                     "params": p.params,
                     "doc": p.doc,
+                    "checked_against": p.checked_against,
                     "rules": _rule_lines(p) if args.name else len(p.rules),
                 }
                 for p in presets
@@ -53,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         axes = ", ".join(list(p.family.user_axes) + [a for a, _ in p.family.defaults])
         console.print(f"[bold]{p.name}[/] (mesh axes: {axes}; params: {p.params or '-'})")
         console.print(f"  {escape(p.doc)}")
+        if p.checked_against:
+            console.print(f"  [dim]checked against: {escape(', '.join(p.checked_against))}[/]")
+            if args.name:
+                for arch, how in p.checked_against.items():
+                    console.print(f"    {escape(arch)}: {escape(how)}")
         if args.name:
             for r in _rule_lines(p):
                 src = " + ".join(str(c) for c in r["canonical"])  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightbridge.layout.expr import ExprError, evaluate, evaluate_int
-from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, SideLayout
+from weightbridge.layout.ir import CanonicalModel, LocalTensor, RankLayout, SideLayout, checkpoint_casts
 from weightbridge.layout.local_build import Binding, RuleProblem, TensorBuilder, named_pieces, relative_pieces
 from weightbridge.layout.mesh import CUSTOM, MeshFamily, stage_layers
 from weightbridge.layout.model_facts import LAYER, model_facts
@@ -399,7 +399,8 @@ def expand_side(cfg: SideConfig, model: CanonicalModel,
                     coords=tuple(sorted(coords.items())),
                 )
             )
-    return SideLayout(cfg.side, tuple(ranks), cfg.instances), ex.problems
+    casts = checkpoint_casts(model, ranks) if cfg.side == "rollout" else ()
+    return SideLayout(cfg.side, tuple(ranks), cfg.instances, casts), ex.problems
 
 
 def _selector_axes(compiled: Sequence[_CompiledRule]) -> set[str]:

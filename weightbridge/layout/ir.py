@@ -82,6 +82,32 @@ def dtype_bytes(name: str) -> int:
     return DTYPE_BYTES[name]
 
 
+# Floating dtypes that round-trip through each other by a plain cast (fp8 needs scales: never a
+# checkpoint cast), narrowest first within a width.
+_CAST_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def checkpoint_cast(local: str, checkpoint: str) -> str | None:
+    """The checkpoint's dtype when a value must pass through it before landing in a ``local``
+    tensor, else None.
+
+    An engine loading a checkpoint reads each value in the checkpoint's dtype and casts it to its
+    own: a ``bfloat16`` checkpoint tensor that the engine keeps in ``float32`` (Qwen3-Next's
+    ``A_log`` in vLLM) holds bf16-rounded values. A transfer delivers the same values by moving
+    such a tensor in the checkpoint's dtype (the sender casts down, the receiver up). Only for a
+    checkpoint float strictly narrower than the local float; equal widths (fp16 vs bf16) and
+    anything else move in the local dtype, as before.
+    """
+    if local in _CAST_FLOATS and checkpoint in _CAST_FLOATS and DTYPE_BYTES[checkpoint] < DTYPE_BYTES[local]:
+        return checkpoint
+    return None
+
+
+def wire_dtype(local: str, via: str | None) -> str:
+    """The dtype a value crosses the wire in: ``via`` (a :func:`checkpoint_cast`) or the receiver's."""
+    return via or local
+
+
 class CanonicalTensor(NamedTuple):
     """One HF checkpoint tensor: the unit of the canonical coordinate system."""
 
@@ -260,6 +286,25 @@ def tensor_from_json(obj: dict[str, Any]) -> LocalTensor:
     )
 
 
+def checkpoint_casts(model: CanonicalModel, ranks: Iterable[RankLayout]) -> tuple[tuple[str, str], ...]:
+    """The ``(canonical name, checkpoint dtype)`` pairs whose values pass through the checkpoint's
+    dtype on their way into ``ranks``' local tensors (:func:`checkpoint_cast`), sorted."""
+    out: dict[str, str] = {}
+    seen: set[int] = set()
+    for r in ranks:
+        if id(r.tensors) in seen:  # ranks with the same tensors share the tuple
+            continue
+        seen.add(id(r.tensors))
+        for t in r.tensors:
+            if t.dtype not in ("float32", "float64"):  # nothing narrower to cast through (the usual bf16 case)
+                continue
+            for p in t.pieces:
+                via = checkpoint_cast(t.dtype, model[p.canonical].dtype) if p.canonical in model else None
+                if via is not None:
+                    out[p.canonical] = via
+    return tuple(sorted(out.items()))
+
+
 def layout_hash(layouts: Iterable[RankLayout]) -> str:
     """Stable sha256 (hex, 16 chars) of a list of rank layouts; identical across processes."""
     h = hashlib.sha256()
@@ -270,11 +315,17 @@ def layout_hash(layouts: Iterable[RankLayout]) -> str:
 
 @dataclass(frozen=True)
 class SideLayout:
-    """Every rank of one side. Rollout ranks are grouped into ``num_instances`` engines."""
+    """Every rank of one side. Rollout ranks are grouped into ``num_instances`` engines.
+
+    ``casts`` (rollout side): the canonical tensors whose values pass through the checkpoint's
+    narrower dtype before this side's (:func:`checkpoint_cast`), as sorted ``(name, dtype)``
+    pairs; the planner moves them in that dtype.
+    """
 
     side: Side
     ranks: tuple[RankLayout, ...]
     num_instances: int = 1
+    casts: tuple[tuple[str, str], ...] = ()
 
     @property
     def world_size(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import product as _product
 from math import prod
 from typing import Any
 
@@ -86,6 +87,50 @@ def chunk_window(lo: int, hi: int, op: ShardOp, size: int, coord: int, blocks: i
     return lo + a * unit, lo + b * unit
 
 
+MAX_PERMUTE_PIECES = 1 << 16  # one piece per row of the dims a permutation cannot keep whole
+
+
+def permuted_pieces(cname: str, cbox: tuple[tuple[int, int], ...], perm: tuple[int, ...], local: str) -> list[Piece]:
+    """The pieces of a block ``cbox`` (canonical frame) stored as ``block.permute(*perm)``, local
+    boxes relative to the block's origin.
+
+    A piece holds its canonical box in row-major correspondence, dims reversed when transposed,
+    unit dims ignored (:mod:`weightbridge.layout.box`). So a permutation is one piece when the
+    kept dims appear in the local frame in canonical order (plain) or reversed (transposed); the
+    other dims are cut into unit slices, one piece each. The kept dims are the set giving the
+    fewest pieces (plain preferred on ties): ``[E, H, N].permute(0, 2, 1)`` is one transposed
+    ``[1, H, N]`` piece per expert.
+    """
+    ext = [b - a for a, b in cbox]
+    big = [d for d, n in enumerate(ext) if n > 1]
+    where = {d: j for j, d in enumerate(perm)}  # canonical dim -> local dim
+    best: tuple[int, int, frozenset[int]] | None = None
+    for mask in range(1 << len(big)):
+        keep = frozenset(d for k, d in enumerate(big) if mask >> k & 1)
+        order = [where[d] for d in sorted(keep)]
+        plain = order == sorted(order)
+        if not plain and order != sorted(order, reverse=True):
+            continue
+        cost = prod(ext[d] for d in big if d not in keep)
+        key = (cost, 0 if plain else 1, keep)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    assert best is not None  # keeping one dim (or none) is always ordered
+    cost, transposed, keep = best
+    if cost > MAX_PERMUTE_PIECES:
+        raise RuleProblem(f"{local} <- {cname}: permute {list(perm)} of a {ext} block needs {cost:,} pieces",
+                          f"at most {MAX_PERMUTE_PIECES:,}: permute fewer dims, or stack experts per expert")
+    cut = [d for d in big if d not in keep]
+    pieces = []
+    for index in _product(*(range(*cbox[d]) for d in cut)):
+        cb = list(cbox)
+        for d, i in zip(cut, index):
+            cb[d] = (i, i + 1)
+        lb = tuple((cb[d][0] - cbox[d][0], cb[d][1] - cbox[d][0]) for d in perm)
+        pieces.append(Piece(cname, tuple(cb), lb, bool(transposed)))
+    return pieces
+
+
 class TensorBuilder:
     """Builds local tensors; the expander provides ``cfg``, ``model``, ``sizes``, ``_dominant`` and ``int_expr``."""
 
@@ -102,6 +147,9 @@ class TensorBuilder:
         if axis is None:
             return 0, count
         size = self._axis_size(axis)
+        if rule.stack is not None and rule.stack.uneven:  # torch.chunk: ceil-sized, trailing ones short or empty
+            per = -(-count // size)
+            return min(coords[axis] * per, count), min((coords[axis] + 1) * per, count)
         if count % size:
             raise RuleProblem(f"{count} experts are not divisible by {axis}={size}", f"choose {axis} dividing {count}", axis=axis)
         per = count // size
@@ -183,7 +231,7 @@ class TensorBuilder:
         pieces: list[Piece] = []
         for k, (part, cname) in enumerate(zip(parts, names)):
             field = f"concat.parts[{k}]" if rule.concat is not None else ""
-            block, piece = self._part(part, cname, coords, local, field)
+            block, part_pieces = self._part(part, cname, coords, local, field)
             if shape is None:
                 shape = list(block)
                 offset = 0
@@ -198,7 +246,7 @@ class TensorBuilder:
                     )
                 offset = shape[dim]
                 shape[dim] += block[dim]
-            if piece is not None:
+            for piece in part_pieces:
                 if offset:
                     lb = list(piece.local_box)
                     lb[dim] = (lb[dim][0] + offset, lb[dim][1] + offset)
@@ -207,17 +255,34 @@ class TensorBuilder:
         assert shape is not None
         return tuple(shape), pieces
 
-    def _part(self, part: Part, cname: str, coords: Mapping[str, int], local: str, field: str) -> tuple[tuple[int, ...], Piece | None]:
-        """A part's local block shape and its piece (None when the rank holds only padding)."""
+    def _part(self, part: Part, cname: str, coords: Mapping[str, int], local: str, field: str) -> tuple[tuple[int, ...], list[Piece]]:
+        """A part's local block shape and its pieces (none when the rank holds only padding).
+
+        Canonical frame: ``window`` starts as the slice of the tensor, is padded (the padded extent
+        maps to nothing: ``limit`` is where the data ends) and sharded; the block is then
+        permuted (or transposed) into the local frame, with the pieces' local boxes relative to
+        the block's origin."""
         cshape = self.model[cname].shape
-        virt = list(cshape)
+        window = [(0, n) for n in cshape]
+        for j, op in enumerate(part.slice):
+            where = f"{field}.slice[{j}]".lstrip(".")
+            if op.dim >= len(window):
+                raise RuleProblem(f"{cname}: slice dim {op.dim} out of range for shape {cshape}", field=where)
+            lo, hi = window[op.dim]
+            start = self.int_expr(op.start)
+            stop = hi - lo if op.stop is None else self.int_expr(op.stop)
+            if not 0 <= start < stop <= hi - lo:
+                raise RuleProblem(f"{cname}: slice [{start}:{stop}] of dim {op.dim} is not inside its extent {hi - lo}",
+                                  "start < stop <= the dim's size (after earlier slices of it)", field=where)
+            window[op.dim] = (lo + start, lo + stop)
+        limit = [hi for _, hi in window]
         if part.pad is not None:
             d = part.pad.dim
-            if d >= len(virt):
+            if d >= len(window):
                 raise RuleProblem(f"{cname}: pad dim {d} out of range for shape {cshape}", field=f"{field}.pad".lstrip("."))
             m = self.int_expr(part.pad.multiple)
-            virt[d] = -(-virt[d] // m) * m
-        window = [(0, n) for n in virt]
+            lo, hi = window[d]
+            window[d] = (lo, lo + -(-(hi - lo) // m) * m)
         for j, op in enumerate(part.shard):
             if op.dim >= len(window):
                 raise RuleProblem(f"{cname}: shard dim {op.dim} out of range for shape {cshape}", field=f"{field}.shard[{j}]".lstrip("."))
@@ -226,17 +291,21 @@ class TensorBuilder:
             lo, hi = window[op.dim]
             window[op.dim] = chunk_window(lo, hi, op, size, coords.get(op.axis, 0), blocks, f"{local} <- {cname}")
         block = tuple(hi - lo for lo, hi in window)
-        cbox = tuple((lo, min(hi, n)) for (lo, hi), n in zip(window, cshape))
-        piece = None
-        if not any(b <= a for a, b in cbox):
-            piece = Piece(cname, cbox, tuple((0, b - a) for a, b in cbox), part.transpose)
+        cbox = tuple((lo, min(hi, n)) for (lo, hi), n in zip(window, limit))
+        empty = any(b <= a for a, b in cbox)
         if part.transpose:
             if len(block) != 2:
-                raise RuleProblem(f"{cname}: transpose needs a 2-D tensor, got shape {cshape}", field=field)
-            block = block[::-1]
-            if piece is not None:
-                piece = piece._replace(local_box=piece.local_box[::-1])
-        return block, piece
+                raise RuleProblem(f"{cname}: transpose needs a 2-D tensor, got shape {cshape}",
+                                  "use permute for more dims", field=field)
+            pieces = [] if empty else [Piece(cname, cbox, tuple((0, b - a) for a, b in cbox)[::-1], True)]
+            return block[::-1], pieces
+        if part.permute is not None:
+            perm = tuple(part.permute)
+            if len(perm) != len(block):
+                raise RuleProblem(f"{cname}: permute {list(perm)} has {len(perm)} dims, the tensor {len(block)} {cshape}",
+                                  field=f"{field}.permute".lstrip("."))
+            return tuple(block[d] for d in perm), ([] if empty else permuted_pieces(cname, cbox, perm, local))
+        return block, ([] if empty else [Piece(cname, cbox, tuple((0, b - a) for a, b in cbox), False)])
 
     def _interleave(self, rule: Rule, parts: list[Part], names: list[str], coords: Mapping[str, int], local: str) -> tuple[tuple[int, ...], list[Piece]]:
         spec = rule.interleave
@@ -247,8 +316,9 @@ class TensorBuilder:
         other: tuple[int, ...] | None = None
         for k, cname in enumerate(names):
             shape = self.model[cname].shape
-            if parts[k].shard or parts[k].pad or parts[k].transpose:
-                raise RuleProblem(f"{local}: interleave parts take no shard/pad/transpose", field=f"interleave.parts[{k}]")
+            if parts[k].shard or parts[k].pad or parts[k].transpose or parts[k].slice or parts[k].permute is not None:
+                raise RuleProblem(f"{local}: interleave parts take no slice/shard/pad/transpose/permute",
+                                  field=f"interleave.parts[{k}]")
             if dim >= len(shape) or groups <= 0 or shape[dim] % groups:
                 raise RuleProblem(f"{local}: dim {dim} of {cname} {shape} does not split into {groups} groups", field="interleave.groups")
             rest = shape[:dim] + shape[dim + 1 :]

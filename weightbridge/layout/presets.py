@@ -7,7 +7,8 @@ replaces every preset rule with that template; other spec rules are added.
 
 Available: ``hf`` (identity), ``megatron``, ``fsdp2``, ``vllm``, ``sglang``; each
 file's ``doc`` names the local tensors it produces (``weightbridge explain``
-shows them for a given rank).
+shows them for a given rank), and ``checked_against`` the architectures it was checked
+against on the real framework, each with how (``docs/architectures.md`` has the table).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class PresetFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     doc: str
+    checked_against: dict[str, str] = Field(default_factory=dict)  # architecture -> how it was checked
     family: Literal["megatron", "fsdp2", "engine", "sglang", "hf"] | None = None
     extends: str | None = None
     remove: list[str] = Field(default_factory=list)
@@ -54,6 +56,7 @@ class Preset(BaseModel):
     doc: str
     family: MeshFamily
     pp_style: str
+    checked_against: dict[str, str] = Field(default_factory=dict)
     params: dict[str, Any]
     pipeline: PipelinePlacement
     rules: tuple[Rule, ...]
@@ -81,6 +84,7 @@ def load_preset(name: str) -> Preset:
             params=dict(f.params),
             pipeline=f.pipeline or PipelinePlacement(),
             rules=tuple(f.rules),
+            checked_against=dict(f.checked_against),
         )
     base = load_preset(f.extends)
     return Preset(
@@ -91,6 +95,7 @@ def load_preset(name: str) -> Preset:
         params={**base.params, **f.params},
         pipeline=f.pipeline or base.pipeline,
         rules=merge_rules(base.rules, f.rules, remove=f.remove),
+        checked_against=dict(f.checked_against),  # not inherited: checked per framework
     )
 
 

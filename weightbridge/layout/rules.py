@@ -16,6 +16,13 @@ A rule names a local tensor (a template) and one *body*:
 ``stack`` adds a leading dim over experts (vLLM/SGLang fused ``w13``/``w2``). The
 resulting IR is documented in ``weightbridge.layout.ir``. Pure; no torch.
 
+A part may first take a sub-box of its canonical tensor (``slice``: fused checkpoint tensors
+such as Phi-3's ``qkv_proj``, split by the engine per rank into its own [q; k; v] shards) and
+may store its block with its dims permuted (``permute``, torch's ``Tensor.permute`` order:
+gpt-oss's ``[E, H, 2I]`` experts held as ``[E, 2I, H]``). Order of operations, all in the
+canonical frame but the last: slice, pad, shard, then permute (or ``transpose``) into the local
+frame.
+
 ``shard`` also takes a shorthand for tensor parallelism over the ``tp`` axis:
 ``shard: column`` = ``[{dim: 0, axis: tp}]`` (a column-parallel linear: output rows, and its
 bias) and ``shard: row`` = ``[{dim: 1, axis: tp}]`` (a row-parallel linear: input columns; its
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 IntExpr = int | str  # an integer or an expression over params and mesh sizes (weightbridge.layout.expr)
 
@@ -84,13 +91,53 @@ class PadOp(_Strict):
     multiple: IntExpr
 
 
+class SliceOp(_Strict):
+    """Keep ``[start, stop)`` of dim ``dim`` of the canonical tensor (before padding and sharding)."""
+
+    dim: int = Field(ge=0, description="Canonical dim to slice.")
+    start: IntExpr = Field(default=0, description="First index kept (an integer or an expression, e.g. num_heads * head_dim).")
+    stop: IntExpr | None = Field(default=None, description="One past the last index kept; omitted: the end of the dim.")
+
+
+_SLICE_DOC = (
+    "Sub-box of the canonical tensor this part takes, one step per dim (applied before pad and shard): "
+    "a fused checkpoint tensor such as qkv_proj = [q; k; v] entering a local tensor in pieces."
+)
+_PERMUTE_DOC = (
+    "The local tensor stores this part's block with its dims permuted, in Tensor.permute order "
+    "(local dim j is block dim permute[j]); [0, 2, 1] turns an [E, H, N] block into [E, N, H]."
+)
+
+
+MAX_PERMUTE_DIMS = 8  # permuted_pieces tries every subset of dims to keep whole: 2**8 at most
+
+
+def _is_permutation(perm: list[int] | None) -> list[int] | None:
+    if perm is not None and len(perm) > MAX_PERMUTE_DIMS:
+        raise ValueError(f"permute of {len(perm)} dims; at most {MAX_PERMUTE_DIMS}")
+    if perm is not None and sorted(perm) != list(range(len(perm))):
+        raise ValueError(f"permute must be a permutation of 0..{len(perm) - 1}, got {perm}")
+    return perm
+
+
+Permutation = Annotated[list[int] | None, AfterValidator(_is_permutation)]
+
+
 class Part(_Strict):
     """One canonical tensor as it enters a local tensor."""
 
     canonical: str = Field(description="Canonical (HF checkpoint) name template, e.g. model.layers.{layer}.mlp.up_proj.weight")
+    slice: list[SliceOp] = Field(default_factory=list, description=_SLICE_DOC)
     pad: PadOp | None = None
     shard: ShardSteps = Field(default_factory=list, description=_SHARD_DOC, json_schema_extra=_shard_schema)
     transpose: bool = Field(default=False, description="The local tensor stores this part transposed (2-D).")
+    permute: Permutation = Field(default=None, description=_PERMUTE_DOC)
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> Part:
+        if self.transpose and self.permute is not None:
+            raise ValueError("transpose and permute both given: transpose is permute [1, 0]; keep one")
+        return self
 
 
 class Concat(_Strict):
@@ -110,6 +157,8 @@ class Stack(_Strict):
 
     count: IntExpr = Field(description="Number of experts (e.g. num_experts).")
     axis: str | None = Field(default=None, description="Mesh axis experts are dealt over (e.g. ep).")
+    uneven: bool = Field(default=False, description="Deal experts as torch.chunk does (FSDP2's dim-0 shards of a "
+                         "fused [E, ...] tensor); else the count must divide.")
 
 
 class Rule(_Strict):
@@ -118,9 +167,11 @@ class Rule(_Strict):
     local: str = Field(description="Local tensor name template; may use {layer} {local_layer} {expert} {local_expert} {*}.")
     # --- body: exactly one of canonical / concat / interleave
     canonical: str | None = None
+    slice: list[SliceOp] = Field(default_factory=list, description=_SLICE_DOC)
     pad: PadOp | None = None
     shard: ShardSteps = Field(default_factory=list, description=_SHARD_DOC, json_schema_extra=_shard_schema)
     transpose: bool = False
+    permute: Permutation = Field(default=None, description=_PERMUTE_DOC)
     concat: Concat | None = None
     interleave: Interleave | None = None
     stack: Stack | None = None
@@ -140,14 +191,17 @@ class Rule(_Strict):
         bodies = [b for b in ("canonical", "concat", "interleave") if getattr(self, b) is not None]
         if len(bodies) != 1:
             raise ValueError(f"a rule needs exactly one of canonical / concat / interleave, got {bodies or 'none'}")
-        if self.canonical is None and (self.pad or self.shard or self.transpose):
-            raise ValueError("pad / shard / transpose at rule level go with 'canonical'; put them on each part")
+        if self.canonical is None and (self.slice or self.pad or self.shard or self.transpose or self.permute is not None):
+            raise ValueError("slice / pad / shard / transpose / permute at rule level go with 'canonical'; put them on each part")
+        if self.transpose and self.permute is not None:
+            raise ValueError("transpose and permute both given: transpose is permute [1, 0]; keep one")
         return self
 
     def parts(self) -> list[Part]:
         """The canonical parts in layout order."""
         if self.canonical is not None:
-            return [Part(canonical=self.canonical, pad=self.pad, shard=self.shard, transpose=self.transpose)]
+            return [Part(canonical=self.canonical, slice=self.slice, pad=self.pad, shard=self.shard,
+                         transpose=self.transpose, permute=self.permute)]
         if self.concat is not None:
             return list(self.concat.parts)
         assert self.interleave is not None

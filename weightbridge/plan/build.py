@@ -125,7 +125,7 @@ def _steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: Netw
     # The colocated data plane: each receiver's boxes from a holder on its GPU / host first (real ranks only)
     near = None if whole is not None or net.local_copy == "off" else (lambda s, r: net.nearness(TRAINER, s, r))
     packets = make_packets(cover, templates, dedup, round_bytes, sender=sender, slot=slot, relays=relays,
-                           nic_of=nic_of, near=near)
+                           nic_of=nic_of, near=near, casts=dict(rollout.casts))
     return _Steps(templates, cover, packets, pack(packets, templates, round_bytes), any(dedup), tuple(notes))
 
 

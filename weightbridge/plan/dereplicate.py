@@ -23,11 +23,11 @@ and the relay groups. Output: :class:`Packets`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import NamedTuple
 
 from weightbridge.layout.box import Box, box_numel
-from weightbridge.layout.ir import DTYPE_BYTES, LocalTensor, Piece, dtype_bytes
+from weightbridge.layout.ir import DTYPE_BYTES, LocalTensor, Piece, checkpoint_cast, dtype_bytes
 from weightbridge.plan.cover import Cover
 from weightbridge.plan.geometry import make_items, num_rows, rows, split_box
 from weightbridge.plan.instances import Templates
@@ -90,8 +90,11 @@ class _Unit(NamedTuple):
 def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], round_bytes: int,
                  sender: int | None = None, slot: tuple[int, int] | None = None,
                  relays: Relays | None = None, nic_of: Callable[[int], Hashable] | None = None,
-                 near: Callable[[int, int], int] | None = None) -> Packets:
+                 near: Callable[[int, int], int] | None = None, casts: Mapping[str, str] | None = None) -> Packets:
     """Update packets in canonical order, and forward packets where ``dedup[template]``.
+
+    An item's wire dtype is the receiver's local dtype, or the checkpoint's for the canonical
+    tensors in ``casts`` (``SideLayout.casts``: their values pass through it, the receiver casts up).
 
     ``sender`` (a trainer rank) or ``slot`` (``(template, slot)`` of a rollout rank) leave the
     items of every other packet empty: packing needs only sizes, and one rank's slice of the plan
@@ -116,8 +119,10 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
     def wanted(s: int, g: int, l: int) -> bool:
         return (sender is None or s == sender) and (slot is None or (g, l) == slot)
 
+    casts = casts or {}
     for atom, chunk_list in cover.chunks:
         name, holders = atom.canonical, atom.holders
+        via = casts.get(name)
         k = len(holders)
         start = len(out)
         if k == 1 and not anydedup:  # fast path: one holder, template packets
@@ -127,7 +132,7 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
             for g, l, cbox, dt, dp in chunk_list:
                 want = wanted(s, g, l)
                 ninst = ninsts[g]
-                dtype = dt.dtype
+                dtype = (via and checkpoint_cast(dt.dtype, via)) or dt.dtype
                 es = DTYPE_BYTES[dtype]
                 n = 1
                 for a, z in cbox:
@@ -158,7 +163,7 @@ def make_packets(cover: Cover, templates: Templates, dedup: Sequence[bool], roun
         units: list[_Unit] = []
         for g, l, cbox, dt, dp in chunk_list:
             ninst = ninsts[g]
-            dtype = dt.dtype
+            dtype = (via and checkpoint_cast(dt.dtype, via)) or dt.dtype
             es = dtype_bytes(dtype)
             dd = dedup[g] and ninst > 1
             for u in split_box(cbox, max(1, unit_cap // (es * ninst))):

@@ -83,7 +83,7 @@ def plan_inputs_hash(trainer, rollout, round_bytes: int, network, receiver_dedup
                                                  for t in lay.tensors), 0))
                 by_id[id(lay.tensors)] = k
             heads.append((lay.rank, lay.instance, lay.local_rank, k))
-        h.update(marshal.dumps((side.side, side.num_instances, tuple(heads)), 0))
+        h.update(marshal.dumps((side.side, side.num_instances, tuple(heads), side.casts), 0))
     return h.hexdigest()
 
 

@@ -89,7 +89,7 @@ def decompose(trainer: SideLayout, rollout: SideLayout) -> Decomposition | None:
     width = len(tpl.layouts)
     sub_rollout = SideLayout(ROLLOUT, tuple(
         RankLayout(ROLLOUT, b * width + l, lay.tensors, instance=b, local_rank=lay.local_rank, coords=lay.coords)
-        for b in range(per) for l, lay in enumerate(tpl.layouts)), num_instances=per)
+        for b in range(per) for l, lay in enumerate(tpl.layouts)), num_instances=per, casts=rollout.casts)
     rollout_ranks = tuple(tuple(tpl.ranks[j * per + b][l] for b in range(per) for l in range(width))
                           for j in range(g))
     return Decomposition(g, sub_trainer, sub_rollout, trainer_ranks, rollout_ranks, templates)

@@ -18,7 +18,9 @@ reversed first when ``src_transpose``), casts to ``dtype`` and copies it in; the
 receiver does the inverse into ``dst_box`` of ``dst_tensor``.
 
 **Dtype on the wire** is the receiver's local dtype: a cast, when needed, happens
-at the sender (fp32 master -> bf16 rollout sends bf16 bytes).
+at the sender (fp32 master -> bf16 rollout sends bf16 bytes). Except for the canonical tensors
+of ``SideLayout.casts`` (a checkpoint dtype narrower than the receiver's): they move in the
+checkpoint's dtype, so the receiver (casting up) holds the checkpoint-rounded values.
 
 :class:`WireItem` has no ranks: one item object is shared by every bucket that
 moves the same data (rollout instances with the same layout), which keeps a
@@ -50,7 +52,7 @@ class WireItem(NamedTuple):
     dst_tensor: str  # receiver's local tensor name
     dst_box: Box  # frame: receiver's local tensor
     dst_transpose: bool  # dst_box holds canonical_box with dims reversed
-    dtype: str  # element type on the wire (the receiver's local dtype)
+    dtype: str  # element type on the wire (the receiver's local dtype, or its checkpoint cast)
     nbytes: int  # numel(canonical_box) * itemsize(dtype)
 
     def __str__(self) -> str:

@@ -12,7 +12,9 @@ Checks (``PlanProblem.kind``):
   item's local box (with the item's transpose flag).
 * ``bounds``    — a local box outside its local tensor, or a canonical box outside the canonical
   tensor (when ``canonical`` is given).
-* ``dtype``     — wire dtype differs from the receiver's local dtype, or a float/integer/bool
+* ``dtype``     — wire dtype differs from the receiver's local dtype (or, for a canonical tensor
+  whose checkpoint dtype is a narrower float, from that one: ``layout.ir.checkpoint_cast``; from
+  ``canonical`` when given, else from the rollout layout's ``casts``), or a float/integer/bool
   conversion between the two sides.
 * ``bytes``     — an item's or bucket's byte count disagrees with its boxes.
 * ``uncovered`` — elements a rollout rank needs that nobody sends it.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.box import Box, box_numel, contains, format_box, in_bounds, intersect
-from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, dtype_bytes
+from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, checkpoint_cast, dtype_bytes
 from weightbridge.plan.geometry import map_to_local, subtract_all
 from weightbridge.plan.instances import group_instances, representatives
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan, WireItem
@@ -43,6 +45,7 @@ def _kind(dtype: str) -> str:
 class _Side:
     def __init__(self, layout: SideLayout, pieces: dict):
         self.ranks = {lay.rank: lay for lay in layout.ranks}
+        self.casts = dict(layout.casts)
         self._tensors: dict[int, dict[str, LocalTensor]] = {}
         self.pieces = pieces  # id(tensor) -> (tensor, canonical name -> its pieces), shared by both sides
 
@@ -201,8 +204,13 @@ def _check_bucket(items, src: _Side, sender: int, rsides: _Side, receiver: int,
         dt = rsides.tensor(receiver, it.dst_tensor)
         res = _check_end(st, "sender", it.canonical, it.canonical_box, it.src_box, it.src_transpose, src.pieces)
         res += _check_end(dt, "receiver", it.canonical, it.canonical_box, it.dst_box, it.dst_transpose, rsides.pieces)
-        if dt is not None and it.dtype != dt.dtype:
-            res.append(("dtype", f"wire dtype {it.dtype} is not the receiver's {dt.dtype}"))
+        if dt is not None:
+            ckpt = (canonical[it.canonical].dtype if canonical is not None and it.canonical in canonical
+                    else rsides.casts.get(it.canonical))
+            want_dtype = (ckpt and checkpoint_cast(dt.dtype, ckpt)) or dt.dtype
+            if it.dtype != want_dtype:
+                why = "the receiver's" if want_dtype == dt.dtype else f"the checkpoint's (receiver: {dt.dtype})"
+                res.append(("dtype", f"wire dtype {it.dtype} is not {why} {want_dtype}"))
         if st is not None and dt is not None and _kind(st.dtype) != _kind(dt.dtype):
             res.append(("dtype", f"{st.dtype} on the sender vs {dt.dtype} on the receiver"))
         try:

@@ -168,4 +168,4 @@ class Roster:
             dataclasses.replace(by_rank[spec], rank=j, instance=new_instance[by_rank[spec].instance])
             for j, spec in enumerate(self.rollout_ranks)
         )
-        return SideLayout(rollout.side, ranks, num_instances=len(self.instances))
+        return SideLayout(rollout.side, ranks, num_instances=len(self.instances), casts=rollout.casts)

@@ -13,8 +13,9 @@ HEADER_BYTES + bucket.nbytes``) or a delta (kind ``DELTA``: positions, then valu
 ``sync.checksums``. A delta is sent only when it is smaller than the full bucket, so a message never
 exceeds the planned wire buffer (``HEADER_BYTES + nbytes + trailer``).
 
-**Exactness.** A sender keeps, per bucket, the payload it last sent (in the wire dtype, i.e. the
-receiver's dtype) and the version it belonged to; a delta says which version it was computed against
+**Exactness.** A sender keeps, per bucket, the payload it last sent (in the wire dtype: the
+receiver's, or a narrower checkpoint dtype its values pass through, read back exactly from the
+wider destination) and the version it belonged to; a delta says which version it was computed against
 (``base``). The receiver keeps, per bucket, the version its destination holds for it, and applies a
 delta only when ``base`` equals it (:class:`~weightbridge.transport.errors.DeltaBaseMismatch`
 otherwise: nothing of that bucket is written). The state lives in the
@@ -429,7 +430,9 @@ def decode_bucket(buf: torch.Tensor, bucket: Bucket, geo: Geometry, target, h: H
         else:
             if s not in (2, 4):
                 raise ValueError(f"difference code for {s}-byte elements")
-            old = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).view(dc.int_view_dtype(s))
+            # In the wire dtype: a destination wider than its wire (a checkpoint cast) holds values
+            # that came through that dtype, so the cast down is exact.
+            old = read_elements(dst, it.dst_box, it.dst_transpose, shape, idx).to(wire).view(dc.int_view_dtype(s))
             values = dc.apply_codes(old, codes[c0:c1], s)  # escaped ones are overwritten next
             if n_raw:
                 e0 = esc_bounds[i]

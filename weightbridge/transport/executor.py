@@ -96,6 +96,7 @@ import torch
 
 from weightbridge._torch_compat import version_counter
 from weightbridge.layout.box import in_bounds
+from weightbridge.layout.ir import checkpoint_cast
 from weightbridge.plan.types import ROLLOUT, TRAINER, Bucket, RankPlan, TransferPlan
 from weightbridge.tensors import apply_local_copies
 from weightbridge.tensors import dtype_name
@@ -133,7 +134,8 @@ class Executor:
     delta : ``"off"`` (default), ``"on"`` or ``"auto"``: send each bucket as the elements that changed
         since this executor's previous run when that is smaller (:mod:`weightbridge.transport.delta`);
         **equal on every rank** (it shapes the wire). Receivers then need destination dtypes equal to
-        the wire dtypes, and destinations that only the bridge writes between runs.
+        the wire dtypes (or wider floats, for checkpoint casts), and destinations that only the
+        bridge writes between runs.
     """
 
     def __init__(
@@ -329,9 +331,10 @@ class Executor:
                 problems.append(f"{role} tensor {name!r} missing")
             elif not in_bounds(box, tuple(t.shape)):
                 problems.append(f"{role} tensor {name!r} of shape {list(t.shape)} does not contain box {list(box)}")
-            elif wire is not None and dtype_name(t.dtype) != wire:
+            elif wire is not None and dtype_name(t.dtype) != wire and checkpoint_cast(dtype_name(t.dtype), wire) != wire:
                 problems.append(f"{role} tensor {name!r} is {dtype_name(t.dtype)} but its wire dtype is {wire} "
-                                "(delta updates write single elements: the dtypes must be equal)")
+                                "(delta updates write single elements: the dtypes must be equal, or the wire's "
+                                "a narrower float the tensor's values pass through)")
 
         for _, sends, recvs in self.my_rounds:
             for b in sends:

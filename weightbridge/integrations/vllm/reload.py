@@ -21,7 +21,13 @@ docs/vllm_integration_notes.md §4.2) and are worked around here:
 1. a tied ``lm_head`` keeps its old prepacked GEMM: re-process it after finalising;
 2. CPU MoE layers skip their kernel's padding/prepacking on reload when ``moe_kernel`` is
    already set: drop ``moe_kernel`` before the reload so the first-load path runs, and put back
-   any kernel a layer did not rebuild (a layer not updated this time).
+   any kernel a layer did not rebuild (a layer not updated this time);
+3. MLA on AMX hosts (DeepSeek-V2/V3, Kimi-K2: the ``AMX_MLA`` backend) empties ``kv_b_proj.weight``
+   after packing its own copies, so the reload's copy of the re-loaded ``[N, kv_lora_rank]`` weight
+   into that empty kernel tensor fails ("The size of tensor a (0) must match the size of tensor b
+   (512) at non-singleton dimension 1"): give ``kv_b_proj`` a kernel tensor of its checkpoint
+   shape before the reload (MLA's re-processing packs from it and empties it again), and keep the
+   packed copies of a layer whose ``kv_b_proj`` this reload does not write.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class ReloadSession:
         self.model = model
         self.model_config = model_config
         self._moe_kernels: list[tuple[Any, Any]] = []
+        self._mla: list[_AmxMla] = []
         self._written: set[str] = set()
         self._loaders: list[tuple[torch.Tensor, Any]] = []
         self._swapped: set[int] = set()  # ids of the parameters in _loaders
@@ -65,10 +72,14 @@ class ReloadSession:
             if kernel is not None:
                 self._moe_kernels.append((qm, kernel))
                 qm.moe_kernel = None
+        self._mla = _AmxMla.prepare(self.model)  # defect 3
         try:
             initialize_layerwise_reload(self.model)
         except BaseException:
             self._put_back_kernels()
+            for m in self._mla:
+                m.restore()
+            self._mla = []
             raise
         self._active = True
 
@@ -120,6 +131,12 @@ class ReloadSession:
             if tied and lm is not None and hasattr(lm, "quant_method") and self._written:
                 lm.quant_method.process_weights_after_loading(lm)
         finally:
+            for m in self._mla:
+                if m.weight_name not in self._written:  # its packs were re-made from the placeholder
+                    m.restore()
+                elif not m.kv.weight.numel():  # re-emptied under the reload's default dtype: the engine's own
+                    m.kv.weight = m.empty
+            self._mla = []
             for param, loader in self._loaders:
                 param.weight_loader = loader
             self._loaders, self._swapped, self._modules = [], set(), None
@@ -131,3 +148,51 @@ class ReloadSession:
             if getattr(qm, "moe_kernel", None) is None:
                 qm.moe_kernel = kernel
         self._moe_kernels = []
+
+
+# The attributes of vLLM 0.32's AMXMLAImpl that hold its packed copies of kv_b_proj.
+_AMX_PACKS = ("_w_uk_packed", "_w_uv_packed", "_w_scale")
+
+
+class _AmxMla:
+    """Defect 3: one ``MLAAttention`` layer whose AMX impl emptied ``kv_b_proj.weight`` (vLLM 0.32's
+    ``MLAAttention.process_weights_after_loading``, ``is_amx_bmm_enabled``).
+
+    :meth:`prepare` gives each such ``kv_b_proj`` a kernel tensor of its checkpoint-format shape
+    (from vLLM's reload metadata) before ``initialize_layerwise_reload`` saves the kernel tensors:
+    the reload then copies the re-loaded weight into it, and MLA's deferred re-processing packs from
+    it and empties it again. :meth:`restore` puts back the packed copies and the empty weight (a
+    reload that did not write this ``kv_b_proj`` re-packed from the placeholder's zeros).
+    """
+
+    def __init__(self, attn: torch.nn.Module, weight_name: str) -> None:
+        self.attn = attn
+        self.kv = attn.kv_b_proj
+        self.weight_name = weight_name
+        self.empty = self.kv.weight
+        self.packs = {a: getattr(attn.impl, a) for a in _AMX_PACKS if hasattr(attn.impl, a)}
+
+    @classmethod
+    def prepare(cls, model: torch.nn.Module) -> list[_AmxMla]:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+        names = {id(m): n for n, m in model.named_modules()}
+        out = []
+        for mod in model.modules():
+            kv = getattr(mod, "kv_b_proj", None)
+            if not getattr(mod, "is_amx_bmm_enabled", False) or kv is None or kv.weight.numel():
+                continue
+            info = LAYERWISE_INFO.get(kv)
+            meta = info.restore_metadata[0].get("weight") if info is not None else None
+            if meta is None:
+                continue
+            m = cls(mod, f"{names.get(id(kv), '?')}.weight")
+            kv.weight = torch.nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype, device=m.empty.device),
+                                           requires_grad=False)
+            out.append(m)
+        return out
+
+    def restore(self) -> None:
+        for attr, value in self.packs.items():
+            setattr(self.attn.impl, attr, value)
+        self.kv.weight = self.empty
