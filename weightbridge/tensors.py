@@ -54,7 +54,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-for _name in ("float8_e4m3fn", "float8_e5m2"):
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
     if hasattr(torch, _name):
         _DTYPES[_name] = getattr(torch, _name)
 
@@ -116,8 +116,8 @@ def direct_view(tensor: torch.Tensor | None, box: Box, transpose: bool, dtype: s
     """``box`` of ``tensor`` as a flat ``uint8`` view holding the box's elements in canonical
     row-major order at ``dtype``, or None when it is not one (transposed, strided, another dtype
     or device): a wire message can then be sent from or received into the tensor itself."""
-    if tensor is None or transpose or tensor.device != device or dtype_name(tensor.dtype) != dtype:
-        return None
+    if not isinstance(tensor, torch.Tensor) or transpose or tensor.device != device or dtype_name(tensor.dtype) != dtype:
+        return None  # (a derived source, weightbridge.quant.DerivedSource, is computed: never zero-copy)
     region = tensor[_slices(box)]
     if not region.is_contiguous():
         return None

@@ -13,7 +13,7 @@ import torch
 
 from weightbridge.layout.box import box_shape, format_box
 from weightbridge.layout.ir import RankLayout
-from weightbridge.tensors import read_canonical
+from weightbridge.tensors import bitwise_equal, read_canonical
 
 
 def _slices(box):
@@ -29,7 +29,7 @@ def mismatches(layout: RankLayout, tensors: Mapping[str, torch.Tensor], canonica
         for p in t.pieces:
             got = read_canonical(local, p.local_box, p.transpose, box_shape(p.canonical_box))
             want = canonical[p.canonical][_slices(p.canonical_box)].to(local.dtype)
-            if not torch.equal(got.cpu(), want.cpu()):
+            if not bitwise_equal(got, want):  # bits (FP8 has no torch.equal)
                 out.append(f"{layout.side} {layout.rank} {t.name}{format_box(p.local_box)} != "
                            f"{p.canonical}{format_box(p.canonical_box)}")
                 if len(out) >= limit:
