@@ -290,6 +290,11 @@ def held_blocks(boxes: Sequence[Box], shape: Sequence[int], scheme: QuantScheme)
     bn, bk = (1, k) if scheme.kind == "row" else scheme.block
     if n == 0 or k == 0:
         return []
+    if len(boxes) == 1:  # the usual case (a shard): one aligned sub-box
+        (a, z), (c, d) = boxes[0]
+        i0, i1 = -(-a // bn), (z // bn if z < n else -(-n // bn))
+        j0, j1 = -(-c // bk), (d // bk if d < k else -(-k // bk))
+        return [((i0 * bn, min(i1 * bn, n)), (j0 * bk, min(j1 * bk, k)))] if i1 > i0 and j1 > j0 else []
     rows = sorted({x for b in boxes for x in b[0]} | {0, n})
     bands = [(lo, hi, _union([b[1] for b in boxes if b[0][0] <= lo and hi <= b[0][1]]))
              for lo, hi in zip(rows, rows[1:]) if hi > lo]
