@@ -18,7 +18,9 @@ reversed first when ``src_transpose``), casts to ``dtype`` and copies it in; the
 receiver does the inverse into ``dst_box`` of ``dst_tensor``.
 
 **Dtype on the wire** is the receiver's local dtype: a cast, when needed, happens
-at the sender (fp32 master -> bf16 rollout sends bf16 bytes).
+at the sender (fp32 master -> bf16 rollout sends bf16 bytes). A ``src_tensor`` named
+``wb:quant:<canonical>`` is derived: the FP8 values or scales of whole blocks, which the sender
+quantises from its own pieces (``weightbridge.quant``, ``docs/fp8.md``).
 
 :class:`WireItem` has no ranks: one item object is shared by every bucket that
 moves the same data (rollout instances with the same layout), which keeps a

@@ -18,8 +18,9 @@ engine steps (each is a ``collective_rpc`` from the driver, so every worker of t
 
 Receive buffers: one copy of the rank's checkpoint-format shard (``sync`` mode: received in place,
 the engine is paused for it) or two (``async``: a background thread receives into a staging copy
-while the engine keeps generating). vLLM cannot serve from them: post-processing (prepacking,
-quantisation) consumes checkpoint-format tensors, so every update goes through the reload.
+while the engine keeps generating); FP8 weights and their scales where the sender quantises
+(``self.fp8`` names them). vLLM cannot serve from them: post-processing (prepacking, quantisation)
+consumes checkpoint-format tensors, so every update goes through the reload.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.probed: Any = None  # the RankLayout probed from vLLM's loader at init (probe="check")
         self.last_error: BaseException | None = None  # the typed error of the last failed or refused init, or update
         self.session: ReloadSession | None = None
+        self.fp8: frozenset[str] = frozenset()  # local FP8 weights this worker receives (quantised at the sender)
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
         self.timeout_s = 300.0
@@ -146,6 +148,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             self.bridge.close()
             self.bridge = None
         self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
+        self.fp8 = frozenset(t.name for t in admitted.layout.tensors if t.dtype == "float8_e4m3fn")
         self.buffers = empty_like_layout(admitted.layout, device=self.device)
         self.bridge = open_bridge(admitted, self.buffers)
         log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.buffers),
@@ -154,7 +157,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:
         self._require_init()
-        self.session = ReloadSession(self.model, self.model_config)
+        self.session = ReloadSession(self.model, self.model_config, self.fp8)
         self.session.begin()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:

@@ -22,6 +22,10 @@ docs/vllm_integration_notes.md §4.2) and are worked around here:
 2. CPU MoE layers skip their kernel's padding/prepacking on reload when ``moe_kernel`` is
    already set: drop ``moe_kernel`` before the reload so the first-load path runs, and put back
    any kernel a layer did not rebuild (a layer not updated this time).
+
+FP8 weights quantised at the sender for an engine that quantises online (``fp8`` names) do not go
+through the layer's loader (it takes bf16): :class:`~weightbridge.integrations.vllm.fp8.OnlineFp8Writes`
+writes those layers whole, inside the same reload.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ class ReloadSession:
     ``update_weights`` / ``finish_weight_update``; all in the worker's thread, between engine steps.
     """
 
-    def __init__(self, model: torch.nn.Module, model_config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, model_config: Any, fp8: frozenset[str] = frozenset()) -> None:
+        """``fp8``: the local FP8 weight names this rank receives (quantised at the sender)."""
         self.model = model
         self.model_config = model_config
+        self.fp8 = fp8
+        self._online: Any = None
         self._moe_kernels: list[tuple[Any, Any]] = []
         self._written: set[str] = set()
         self._loaders: list[tuple[torch.Tensor, Any]] = []
@@ -65,6 +72,10 @@ class ReloadSession:
                 qm.moe_kernel = None
         try:
             initialize_layerwise_reload(self.model)
+            if self.fp8:
+                from weightbridge.integrations.vllm.fp8 import OnlineFp8Writes
+
+                self._online = OnlineFp8Writes(self.model, set(self.fp8))
         except BaseException:
             self._put_back_kernels()
             raise
@@ -85,6 +96,10 @@ class ReloadSession:
 
         modules = dict(self.model.named_modules())
         n = 0
+        if self._online is not None:  # FP8 into layers that quantise online: written whole, elsewhere
+            rest = self._online.take(tensors)
+            n += sum(t.numel() for name, t in tensors.items() if name not in rest)
+            tensors = rest
         for name, tensor in tensors.items():
             mod_name, _, pname = name.rpartition(".")
             mod = modules.get(mod_name)
@@ -109,6 +124,8 @@ class ReloadSession:
         if not self._active:
             return
         try:
+            if self._online is not None and self._online.unfinished():
+                raise RuntimeError(f"FP8 layers not written whole this update: {self._online.unfinished()[:4]}")
             finalize_layerwise_reload(self.model, self.model_config)
             lm = getattr(self.model, "lm_head", None)  # defect 1
             tied = getattr(getattr(self.model_config, "hf_config", None), "tie_word_embeddings", False)
