@@ -213,7 +213,10 @@ def write_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_sh
     """Write ``values`` (1-D, one per index of ``flat``) into those elements of ``box`` of ``tensor``
     (the inverse of :func:`read_elements`; casts to the tensor's dtype). Touches those elements only."""
     region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
-    if len(idx) == 1:
+    if len(idx) == 1 and region.element_size() == 1 and region.dtype.is_floating_point:
+        # FP8 (quantised targets): torch has no index_copy_ for it; the same bytes as uint8
+        region.view(torch.uint8).index_copy_(0, idx[0], values.to(region.dtype).view(torch.uint8))
+    elif len(idx) == 1:
         region.index_copy_(0, idx[0], values.to(region.dtype))
     else:
         region.index_put_(idx, values.to(region.dtype))

@@ -33,18 +33,26 @@ def write_config(directory: Path, **overrides) -> Path:
 
 
 def spec_text(config: Path, *, dp: int = 2, tp: int = 2, quantization: str = "{block: [128, 128]}",
-              round_bytes: str = "64KiB", instances: int = 1, timeout_s: float = 20.0) -> str:
+              round_bytes: str = "64KiB", instances: int = 1, timeout_s: float = 20.0, delta: str = "off") -> str:
     return (f"version: 1\nmodel: {{config: {config}}}\n"
             f"trainer: {{preset: fsdp2, mesh: {{dp: {dp}}}, dtype: float32}}\n"
             f"rollout: {{preset: vllm, instances: {instances}, mesh: {{tp: {tp}}}, quantization: {quantization}}}\n"
-            f"sync: {{mode: sync, round_bytes: {round_bytes}, timeout_s: {timeout_s}, heartbeat_s: 0.2}}\n")
+            f"sync: {{mode: sync, round_bytes: {round_bytes}, timeout_s: {timeout_s}, heartbeat_s: 0.2, "
+            f"delta: {delta}}}\n")
 
 
 def master(resolved, version: int) -> dict[str, torch.Tensor]:
-    """The trainer's float32 weights of ``version`` (canonical names; scale tensors are derived)."""
-    g = torch.Generator().manual_seed(7000 + version)
+    """The trainer's float32 weights of ``version`` (canonical names; scale tensors are derived): a
+    fresh draw at version 0, then 1% of the elements redrawn per version (deltas have little to send)."""
+    g = torch.Generator().manual_seed(7000)
     scales = {q.scale for q in resolved.canonical.quant}
-    return {t.name: torch.randn(t.shape, generator=g) * 0.05 for t in resolved.canonical.tensors if t.name not in scales}
+    out = {t.name: torch.randn(t.shape, generator=g) * 0.05 for t in resolved.canonical.tensors if t.name not in scales}
+    for v in range(1, max(version, 0) + 1):
+        g = torch.Generator().manual_seed(7000 + v)
+        for t in out.values():
+            pick = torch.rand(t.shape, generator=g) < 0.01
+            t[pick] = torch.randn(int(pick.sum()), generator=g) * 0.05
+    return out
 
 
 def served(resolved, version: int) -> dict[str, torch.Tensor]:
@@ -67,7 +75,7 @@ def main(role: str, spec: str, rank: int, port: int, versions: list[int]) -> lis
                 for name, t in tensors.items():
                     t.copy_(fresh[name])
             s = bridge.push(v)
-            events.append(("pushed", v, s.wire_bytes))
+            events.append(("pushed", v, s.bytes_sent, s.delta_buckets))
         bridge.close()
         return events
     layout = r.rollout.ranks[rank]
