@@ -7,13 +7,18 @@ hardware as a network preset. Printed per row: the planned wire bytes, the busie
 the lower bound (busiest link / its bandwidth), weightbridge's predicted time and the
 gather-then-broadcast baseline on the same network, next to the time the peer reported.
 
+FP8 rows (``FP8``): the same layouts with the rollout serving the decoder layers' linear weights
+as FP8 with 128x128 block scales, quantised at the trainer ranks (``rollout.quantization``):
+what moves is FP8 values plus fp32 scales (about 50% of their bf16 bytes).
+
 **Predictions, not measurements**: the cost model's formulas and preset link rates are in
 ``docs/planner.md``; nothing here moved a byte. The peers' numbers are as published (sources in
 the table), on their hardware and software, and include what they include (some time engine
 pauses or resharding, some only the transfer).
 
-    python bench/peers.py            # every row (resolving the two 1T-parameter specs takes a while)
+    python bench/peers.py            # every row (resolving the 1T-parameter specs takes a while)
     python bench/peers.py --only kimi
+    python bench/peers.py --only fp8
     python bench/peers.py --json
 """
 
@@ -40,6 +45,8 @@ class Peer:
     layouts: str  # what we assumed, in words
     spec: str
 
+
+FP8 = "  quantization: {block: [128, 128], at: sender}\n"
 
 PEERS = [
     Peer(
@@ -85,6 +92,36 @@ rollout: {preset: vllm, instances: 16, mesh: {tp: 16, ep: 16}}
 network: h100
 """,
     ),
+    Peer(
+        "NCCL M2N FP8 (DeepSeek-V3, GB200)", (1.45, 1.45),
+        "NVIDIA NCCL M2N weight-update blog (moves the checkpoint's FP8 dtypes): 128 train -> 128 gen GPUs",
+        "as the NCCL M2N row, the rollout serving 128x128 block FP8 quantised at the trainer ranks",
+        """
+model: {bundled: deepseek-v3}
+trainer: {preset: megatron, mesh: {pp: 4, dp: 32, ep: 16, etp: 1}, pipeline: {layers: [16, 15, 15, 15]}}
+rollout:
+  preset: vllm
+  instances: 16
+  mesh: {tp: 8}
+""" + FP8 + """network: gb200
+""",
+    ),
+    Peer(
+        "Perplexity FP8 (Kimi-K2, H100)", (1.3, 1.3),
+        "Perplexity weight-transfer report: bf16 trainer -> FP8 inference, 256 train -> 128 gen GPUs, quantised "
+        "before the wire",
+        "train Megatron PP8 x EP32 (dense DP32), 256 GPUs -> 16 vLLM instances of TP8 EP8, 128 GPUs, 128x128 block "
+        "FP8 quantised at the trainer ranks; their GPUs and fabric assumed H100-class",
+        """
+model: {bundled: kimi-k2}
+trainer: {preset: megatron, mesh: {pp: 8, dp: 32, ep: 32, etp: 1}, pipeline: {layers: [8, 8, 8, 8, 8, 7, 7, 7]}}
+rollout:
+  preset: vllm
+  instances: 16
+  mesh: {tp: 8, ep: 8}
+""" + FP8 + """network: h100
+""",
+    ),
 ]
 
 
@@ -107,6 +144,7 @@ def predict(peer: Peer, round_bytes: int) -> dict:
         "busiest_rank_bytes": busiest, "receiver_dedup": plan.receiver_dedup, "rounds": plan.num_rounds,
         "lower_bound_s": m["lower_bound_seconds"], "predicted_s": m["predicted_seconds"],
         "baseline_s": m["baseline_seconds"], "reported_s": list(peer.reported_s),
+        "wire_bytes_by_dtype": m["wire_bytes_by_dtype"], "fp8_wire_ratio": m["fp8_wire_ratio"],
         "resolve_s": resolve_s, "plan_s": plan_s,
     }
 
@@ -139,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{x['peer']:<32}{x['trainer_ranks']:>4} ->{x['rollout_ranks']:>4}{x['model_bytes'] / gb:>9.0f}"
               f"{x['wire_bytes'] / gb:>9.0f}{x['busiest_rank_bytes'] / gb:>11.2f}{x['lower_bound_s']:>9.3f}"
               f"{x['predicted_s']:>12.3f}{x['baseline_s']:>15.2f}{rep:>12}")
+    for x in rows:
+        if x["fp8_wire_ratio"] is not None:
+            print(f"  {x['peer']}: wire / unquantised = {x['fp8_wire_ratio']:.4f} ("
+                  + ", ".join(f"{d} {n / gb:.1f} GB" for d, n in x["wire_bytes_by_dtype"].items()) + ")")
     print("\nlayouts assumed (network preset in brackets):")
     for x in rows:
         print(f"  {x['peer']}: {x['layouts']} [{x['network']}]; receiver de-replication {x['receiver_dedup']}, "

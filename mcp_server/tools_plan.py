@@ -44,6 +44,10 @@ class PlanMetrics(BaseModel):
     update_bytes: int
     exchange_bytes: int
     min_wire_bytes: int
+    wire_bytes_by_dtype: dict[str, int] = Field(description="wire_bytes by wire dtype (FP8 values, fp32 scales, bf16, ...)")
+    quantized_weights: int = Field(description="Weights the rollout receives quantised by the senders (rollout.quantization)")
+    unquantized_wire_bytes: int | None = Field(None, description="wire_bytes were those weights unquantised, or null")
+    fp8_wire_ratio: float | None = Field(None, description="wire_bytes / unquantized_wire_bytes (the FP8 saving), or null")
     max_sender_bytes: int
     mean_sender_bytes: float
     sender_balance: float

@@ -57,7 +57,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-for _name in ("float8_e4m3fn", "float8_e5m2"):
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"):
     if hasattr(torch, _name):
         _DTYPES[_name] = getattr(torch, _name)
 
@@ -119,8 +119,8 @@ def direct_view(tensor: torch.Tensor | None, box: Box, transpose: bool, dtype: s
     """``box`` of ``tensor`` as a flat ``uint8`` view holding the box's elements in canonical
     row-major order at ``dtype``, or None when it is not one (transposed, strided, another dtype
     or device): a wire message can then be sent from or received into the tensor itself."""
-    if tensor is None or transpose or tensor.device != device or dtype_name(tensor.dtype) != dtype:
-        return None
+    if not isinstance(tensor, torch.Tensor) or transpose or tensor.device != device or dtype_name(tensor.dtype) != dtype:
+        return None  # (a derived source, weightbridge.quant.DerivedSource, is computed: never zero-copy)
     region = tensor[_slices(box)]
     if not region.is_contiguous():
         return None
@@ -303,7 +303,10 @@ def write_elements(tensor: torch.Tensor, box: Box, transpose: bool, canonical_sh
     """Write ``values`` (1-D, one per index of ``flat``) into those elements of ``box`` of ``tensor``
     (the inverse of :func:`read_elements`; casts to the tensor's dtype). Touches those elements only."""
     region, idx = _element_index(tensor, box, transpose, canonical_shape, flat)
-    if len(idx) == 1:
+    if len(idx) == 1 and region.element_size() == 1 and region.dtype.is_floating_point:
+        # FP8 (quantised targets): torch has no index_copy_ for it; the same bytes as uint8
+        region.view(torch.uint8).index_copy_(0, idx[0], values.to(region.dtype).view(torch.uint8))
+    elif len(idx) == 1:
         region.index_copy_(0, idx[0], values.to(region.dtype))
     else:
         region.index_put_(idx, values.to(region.dtype))

@@ -14,6 +14,7 @@ list ships for (bundled_tensors.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def load_canonical(
     if user_params:
         merged = dict(model.params)
         merged.update(user_params)
-        model = CanonicalModel(tensors=model.tensors, params=tuple(sorted(merged.items())), source=model.source)
+        model = replace(model, params=tuple(sorted(merged.items())))
     return model
 
 
@@ -99,7 +100,7 @@ def _load(kind: str, value: Any, base_dir: Path, dtype: str | None, cache_dir: s
             model = from_hf_config(path, dtype, cache_dir=cache_dir)
         except CanonicalSourceError as exc:
             raise CanonicalSourceError("bundled", f"{value}: {exc.message}", exc.hint) from exc
-        return CanonicalModel(tensors=model.tensors, params=model.params, source=f"bundled:{value}")
+        return replace(model, source=f"bundled:{value}")
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base_dir / path
@@ -141,8 +142,10 @@ def _dominant_float_dtype(model: CanonicalModel) -> str | None:
 
 
 def _override_dtype(model: CanonicalModel, dtype: str, default: str | None) -> CanonicalModel:
-    """Tensors of dtype ``default`` become ``dtype``; all others keep theirs."""
+    """Tensors of dtype ``default`` become ``dtype``; all others (and scale tensors) keep theirs."""
     if default is None or default == dtype:
         return model
-    tensors = tuple(CanonicalTensor(t.name, t.shape, dtype) if t.dtype == default else t for t in model.tensors)
-    return CanonicalModel(tensors=tensors, params=model.params, source=model.source)
+    scales = {q.scale for q in model.quant}
+    tensors = tuple(CanonicalTensor(t.name, t.shape, dtype) if t.dtype == default and t.name not in scales else t
+                    for t in model.tensors)
+    return replace(model, tensors=tensors)

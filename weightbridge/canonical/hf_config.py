@@ -12,8 +12,10 @@ The pipeline mirrors ``PreTrainedModel.save_pretrained``: ``state_dict()`` ->
 drop ``_keys_to_ignore_on_save`` -> ``remove_tied_weights_from_state_dict`` ->
 ``revert_weight_conversion``, all on meta tensors (no weights, no hub).
 
-A ``quantization_config`` in the config is ignored: the canonical model is the
-unquantized layout in the config's dtype.
+A block-FP8 ``quantization_config`` (``quant_method: fp8``, ``weight_block_size``) makes the
+model pre-quantised (:mod:`weightbridge.canonical.quantized`: the quantised weights keep the
+config's dtype, their scale tensors are added, ``CanonicalModel.quant`` says how they are stored);
+any other ``quantization_config`` is ignored: the canonical model is the unquantized layout.
 
 Results are cached as JSON under :func:`default_cache_dir`, keyed by the sha256
 of the prepared config, the dtype and the transformers version; torch and
@@ -34,6 +36,7 @@ from weightbridge.canonical.configfile import check_float_dtype, config_dtype, r
 from weightbridge.canonical.errors import CanonicalSourceError
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
+from weightbridge.canonical.quantized import apply_quantization_config
 from weightbridge.layout.ir import CanonicalModel, CanonicalTensor, normalize_dtype
 from weightbridge.spec.errors import show
 
@@ -89,7 +92,10 @@ def from_hf_config(
     target = check_float_dtype(dtype) if dtype is not None else (config_dtype(prepared) or "float32")
     tensors = _tensors(prepared, target, Path(cache_dir) if cache_dir else default_cache_dir(), use_cache)
     params = merge_params(params_from_names(tensors), params_from_config(raw))
-    return CanonicalModel(tensors=tensors, params=params, source=source)
+    model = CanonicalModel(tensors=tensors, params=params, source=source)
+    if "quantization_config" in raw:
+        model = apply_quantization_config(model, raw["quantization_config"])
+    return model
 
 
 # Sizes a config must give itself (under any alias params.py knows, or in text_config): without

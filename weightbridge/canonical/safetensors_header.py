@@ -20,8 +20,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from weightbridge.canonical.configfile import check_path, read_config, read_json
+from weightbridge.canonical.configfile import check_path, config_dtype, read_config, read_json
 from weightbridge.canonical.errors import CanonicalSourceError
+from weightbridge.canonical.quantized import from_fp8_header
 from weightbridge.spec.errors import show
 from weightbridge.canonical.naming import sort_tensors
 from weightbridge.canonical.params import merge_params, params_from_config, params_from_names
@@ -52,12 +53,13 @@ def from_safetensors(path: str | Path) -> CanonicalModel:
                 _KEY, f"{len(missing)} tensor(s) of the index are in no shard header, e.g. {show(missing[0])}"
             )
     tensors = sort_tensors(found.values())
-    config_params: dict[str, Any] = {}
+    config: dict[str, Any] | None = None
     base = p if p.is_dir() else p.parent
     if (base / "config.json").is_file():
-        config_params = params_from_config(read_config(base / "config.json", _KEY)[0])
-    params = merge_params(params_from_names(tensors), config_params)
-    return CanonicalModel(tensors=tensors, params=params, source=f"safetensors:{p}")
+        config = read_config(base / "config.json", _KEY)[0]
+    params = merge_params(params_from_names(tensors), params_from_config(config) if config else {})
+    model = CanonicalModel(tensors=tensors, params=params, source=f"safetensors:{p}")
+    return from_fp8_header(model, config, config_dtype(config) if config else None)  # FP8 weights: their scales
 
 
 def _checkpoint_files(p: Path) -> tuple[list[Path], dict[str, str] | None]:

@@ -35,6 +35,7 @@ DTYPE_BYTES: dict[str, int] = {
     "float16": 2,
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
+    "float8_e8m0fnu": 1,  # a power of two (an exponent byte): UE8M0 scales
     "int64": 8,
     "int32": 4,
     "int16": 2,
@@ -61,6 +62,7 @@ DTYPE_ALIASES: dict[str, str] = {
     "F16": "float16",
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
     "I64": "int64",
     "I32": "int32",
     "I16": "int16",
@@ -106,6 +108,46 @@ def checkpoint_cast(local: str, checkpoint: str) -> str | None:
 def wire_dtype(local: str, via: str | None) -> str:
     """The dtype a value crosses the wire in: ``via`` (a :func:`checkpoint_cast`) or the receiver's."""
     return via or local
+class QuantScheme(NamedTuple):
+    """How a rollout serves a quantised weight: FP8 E4M3 values and one scale per block.
+
+    ``kind`` ``"block"``: a scale per ``block = (rows, cols)`` block of the weight (DeepSeek's
+    128x128 ``weight_scale_inv``, vLLM's ``fp8_per_block``); ``"row"``: a scale per output row
+    (per channel, ``block = (1, 0)``: the whole row). ``scales``: ``"float32"`` (amax / 448) or
+    ``"ue8m0"`` (rounded up to a power of two); ``scale_dtype``: how a scale is stored,
+    ``float32`` or ``float8_e8m0fnu`` (UE8M0 packed: the exponent byte, one byte per scale).
+    The arithmetic is :mod:`weightbridge.quant`'s (vLLM's own). Pure data; :mod:`.quant` uses it.
+    """
+
+    kind: str = "block"
+    block: tuple[int, int] = (128, 128)
+    scales: str = "float32"
+    scale_dtype: str = "float32"
+    dtype: str = "float8_e4m3fn"
+
+    @property
+    def suffix(self) -> str:
+        """What a weight's name gets for its scale tensor's (``q_proj.weight`` -> ``q_proj.weight_scale_inv``)."""
+        return "_scale_inv" if self.kind == "block" else "_scale"
+
+    def __str__(self) -> str:
+        grid = f"{self.block[0]}x{self.block[1]} blocks" if self.kind == "block" else "per row"
+        return f"fp8 e4m3, {grid}, {self.scales} scales ({self.scale_dtype})"
+
+
+class QuantizedWeight(NamedTuple):
+    """Canonical weight ``weight`` (2-D, ``shape``, its canonical dtype the one it is quantised from)
+    served as ``scheme.dtype`` plus the canonical scale tensor ``scale`` derived from it.
+
+    ``source`` (rollout sides): the dtypes its values pass through before quantising, in order
+    (the checkpoint's, then the engine's unquantised one): what the sender casts to first.
+    """
+
+    weight: str
+    scale: str
+    shape: tuple[int, ...]
+    scheme: QuantScheme
+    source: tuple[str, ...] = ()
 
 
 class CanonicalTensor(NamedTuple):
@@ -121,12 +163,14 @@ class CanonicalModel:
     """All canonical tensors of a model, sorted by name, plus normalised config params.
 
     ``params`` holds the integers and booleans rules may refer to (``num_layers``,
-    ``num_kv_heads``, ``num_experts``, ``tie_word_embeddings``, ...).
+    ``num_kv_heads``, ``num_experts``, ``tie_word_embeddings``, ...). ``quant``: the weights
+    stored quantised (:mod:`weightbridge.layout.quant`); their scale tensors are among ``tensors``.
     """
 
     tensors: tuple[CanonicalTensor, ...]
     params: tuple[tuple[str, Any], ...] = ()
     source: str = ""
+    quant: tuple[QuantizedWeight, ...] = ()
     _by_name: dict[str, CanonicalTensor] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -320,12 +364,15 @@ class SideLayout:
     ``casts`` (rollout side): the canonical tensors whose values pass through the checkpoint's
     narrower dtype before this side's (:func:`checkpoint_cast`), as sorted ``(name, dtype)``
     pairs; the planner moves them in that dtype.
+    ``quant`` (rollout side): the canonical weights this side receives quantised by the sender
+    (FP8 values and their scale tensors: :mod:`weightbridge.layout.quant`), sorted by name.
     """
 
     side: Side
     ranks: tuple[RankLayout, ...]
     num_instances: int = 1
     casts: tuple[tuple[str, str], ...] = ()
+    quant: tuple[QuantizedWeight, ...] = ()
 
     @property
     def world_size(self) -> int:

@@ -23,6 +23,7 @@ from typing import Literal, NamedTuple
 
 from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.ir import SideLayout
+from weightbridge.layout.quant import sender_sources
 from weightbridge.plan.assemble import assemble
 from weightbridge.plan.cover import Cover, cover_needs
 from weightbridge.plan.decide import decide_receiver_dedup
@@ -54,6 +55,10 @@ def build_plan(
     rollout rank calls this with the same layouts and arguments, then compares
     :attr:`TransferPlan.plan_hash` with its peers before executing (a mismatch means the
     ranks disagree on layouts or planner version).
+
+    Weights ``rollout.quant`` receives quantised move as FP8 values and scales from the trainer
+    ranks holding their whole blocks (:func:`weightbridge.layout.quant.sender_sources`: the
+    planner's trainer layout has their virtual source tensors instead of their own pieces).
 
     Pure and deterministic. Raises :class:`PlanError` (a ``ValueError``) for bad arguments only,
     never for an incomplete layout pair (elements nobody holds are simply not sent): run
@@ -152,7 +157,7 @@ def _plan_steps(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net:
 
 def _build(trainer: SideLayout, rollout: SideLayout, round_bytes: int, net: NetworkModel,
            receiver_dedup: str) -> TransferPlan:
-    st, d, _, _ = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup)
+    st, d, _, _ = _plan_steps(sender_sources(trainer, rollout.quant), rollout, round_bytes, net, receiver_dedup)
     rounds = assemble(st.packets, st.schedule, st.templates)
     copies = st.cover.copies
     if d is not None:
@@ -189,7 +194,8 @@ def build_rank_plan(
     """
     net = _check(round_bytes, receiver_dedup, network)
     with gc_paused():
-        st, d, j, sub = _plan_steps(trainer, rollout, round_bytes, net, receiver_dedup, (side, rank))
+        st, d, j, sub = _plan_steps(sender_sources(trainer, rollout.quant), rollout, round_bytes, net,
+                                    receiver_dedup, (side, rank))
         rounds = assemble(st.packets, st.schedule, st.templates, only=(side, sub))
         copies = tuple(c for c in st.cover.copies if side == ROLLOUT and c.rank == sub)
         if d is not None:

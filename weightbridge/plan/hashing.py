@@ -58,8 +58,8 @@ def plan_hash(header: tuple, rounds: Sequence, copies: Sequence[tuple]) -> str:
 
 def plan_inputs_hash(trainer, rollout, round_bytes: int, network, receiver_dedup: str) -> str:
     """sha256 (hex) of everything a plan is a function of: the planner version, both sides'
-    layouts (every rank's number, instance, local rank and tensors with their pieces), the
-    arguments and the network model's fields. Ranks that plan only their own slice
+    layouts (every rank's number, instance, local rank and tensors with their pieces; the weights
+    quantised at the sender), the arguments and the network model's fields. Ranks that plan only their own slice
     (``build_rank_plan``) compare this instead of the content hash of a global plan they never build.
 
     ``trainer`` / ``rollout`` are ``SideLayout`` values, ``network`` a ``NetworkModel`` (a dataclass
@@ -83,7 +83,8 @@ def plan_inputs_hash(trainer, rollout, round_bytes: int, network, receiver_dedup
                                                  for t in lay.tensors), 0))
                 by_id[id(lay.tensors)] = k
             heads.append((lay.rank, lay.instance, lay.local_rank, k))
-        h.update(marshal.dumps((side.side, side.num_instances, tuple(heads), side.casts), 0))
+        quant = tuple((q.weight, q.scale, q.shape, tuple(q.scheme), q.source) for q in side.quant)
+        h.update(marshal.dumps((side.side, side.num_instances, tuple(heads), side.casts, quant), 0))
     return h.hexdigest()
 
 

@@ -11,6 +11,10 @@ Keys (all always present):
 ``update_bytes``           bytes trainers send
 ``exchange_bytes``         bytes rollout ranks forward (receiver de-replication)
 ``min_wire_bytes``         sum over receivers of the bytes each needs
+``wire_bytes_by_dtype``    ``{dtype: bytes}`` of ``wire_bytes`` by wire dtype (FP8 values, fp32 scales, bf16, ...)
+``quantized_weights``      weights the rollout receives quantised by the senders (``rollout.quantization``)
+``unquantized_wire_bytes`` ``wire_bytes`` if those weights moved unquantised (engine-side quantisation), or null
+``fp8_wire_ratio``         ``wire_bytes / unquantized_wire_bytes`` (the FP8 saving), or null
 ``max_sender_bytes``       over trainer ranks that send
 ``mean_sender_bytes``      over trainer ranks that send
 ``sender_balance``         max / mean sender bytes
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from weightbridge.layout.ir import SideLayout
+from weightbridge.layout.ir import SideLayout, dtype_bytes
 from weightbridge.plan.cost import baseline, price, price_delta, stall_seconds
 from weightbridge.plan.network import NetworkModel
 from weightbridge.plan.streaming import plan_stream_peaks
@@ -99,6 +103,7 @@ def plan_metrics(
         trainer_async_seconds=base.seconds,  # the trainer drives gather and broadcast
         rollout_async_seconds=base.broadcast_seconds,  # engines pause in load_weights
     )
+    by_dtype, unquantized = wire_by_dtype(plan, rollout)
     return {
         "plan_hash": plan.plan_hash,
         "num_rounds": plan.num_rounds,
@@ -108,6 +113,10 @@ def plan_metrics(
         "update_bytes": plan.update_bytes,
         "exchange_bytes": plan.exchange_bytes,
         "min_wire_bytes": plan.min_wire_bytes,
+        "wire_bytes_by_dtype": by_dtype,
+        "quantized_weights": len(rollout.quant),
+        "unquantized_wire_bytes": unquantized if rollout.quant else None,
+        "fp8_wire_ratio": plan.wire_bytes / unquantized if rollout.quant and unquantized else None,
         "max_sender_bytes": max_s,
         "mean_sender_bytes": mean_s,
         "sender_balance": (max_s / mean_s) if mean_s else 1.0,
@@ -133,3 +142,23 @@ def plan_metrics(
         "notes": list(plan.notes),
         "problems": [str(p) for p in (problems or [])],
     }
+
+
+def wire_by_dtype(plan: TransferPlan, rollout: SideLayout) -> tuple[dict[str, int], int]:
+    """``({wire dtype: bytes}, wire bytes were the quantised weights unquantised)``: an FP8 item of a
+    weight ``rollout.quant`` lists would carry its elements in the dtype the engine quantises from,
+    and its scale tensor's items nothing."""
+    weights = {q.weight: dtype_bytes(q.source[-1]) if q.source else 2 for q in rollout.quant}
+    scales = {q.scale for q in rollout.quant}
+    by: dict[str, int] = {}
+    unquantized = 0
+    for r in plan.rounds:
+        for b in r.buckets:
+            for it in b.items:
+                by[it.dtype] = by.get(it.dtype, 0) + it.nbytes
+                size = weights.get(it.canonical)
+                if size is not None:
+                    unquantized += it.nbytes // dtype_bytes(it.dtype) * size
+                elif it.canonical not in scales:
+                    unquantized += it.nbytes
+    return dict(sorted(by.items())), unquantized

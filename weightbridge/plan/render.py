@@ -48,6 +48,12 @@ def summary_table(m: dict[str, Any], plan: TransferPlan, title: str = "weightbri
     t.add_row("streaming receiver", human_bytes(m["max_stream_bytes"]),
               "most local-tensor bytes an engine's rank holds at once (docs/memory.md)")
     t.add_row("wire bytes", human_bytes(m["wire_bytes"]), f"{ratio:.3f} x min {human_bytes(m['min_wire_bytes'])}")
+    for dtype, n in m["wire_bytes_by_dtype"].items() if len(m["wire_bytes_by_dtype"]) > 1 else ():
+        t.add_row(f"  {dtype}", human_bytes(n), f"{n / m['wire_bytes']:.1%} of the wire bytes" if m["wire_bytes"] else "")
+    if m.get("fp8_wire_ratio") is not None:
+        t.add_row("FP8 saving", f"{m['fp8_wire_ratio']:.4f}",
+                  f"wire / unquantised {human_bytes(m['unquantized_wire_bytes'])} ({m['quantized_weights']} weights "
+                  "quantised at the senders)")
     if m["exchange_bytes"]:
         t.add_row("  from trainers", human_bytes(m["update_bytes"]), "")
         t.add_row("  forwarded", human_bytes(m["exchange_bytes"]), "rollout -> rollout (receiver de-replication)")

@@ -20,7 +20,9 @@ receiver does the inverse into ``dst_box`` of ``dst_tensor``.
 **Dtype on the wire** is the receiver's local dtype: a cast, when needed, happens
 at the sender (fp32 master -> bf16 rollout sends bf16 bytes). Except for the canonical tensors
 of ``SideLayout.casts`` (a checkpoint dtype narrower than the receiver's): they move in the
-checkpoint's dtype, so the receiver (casting up) holds the checkpoint-rounded values.
+checkpoint's dtype, so the receiver (casting up) holds the checkpoint-rounded values. A ``src_tensor``
+named ``wb:quant:<canonical>`` is derived: the FP8 values or scales of whole blocks, which the sender
+quantises from its own pieces (``weightbridge.quant``, ``docs/fp8.md``).
 
 :class:`WireItem` has no ranks: one item object is shared by every bucket that
 moves the same data (rollout instances with the same layout), which keeps a

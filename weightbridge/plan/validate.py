@@ -29,6 +29,7 @@ from __future__ import annotations
 from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.box import Box, box_numel, contains, format_box, in_bounds, intersect
 from weightbridge.layout.ir import CanonicalModel, LocalTensor, SideLayout, checkpoint_cast, dtype_bytes
+from weightbridge.layout.quant import sender_sources
 from weightbridge.plan.geometry import map_to_local, subtract_all
 from weightbridge.plan.instances import group_instances, representatives
 from weightbridge.plan.types import ROLLOUT, TRAINER, PlanProblem, TransferPlan, WireItem
@@ -96,6 +97,7 @@ def _validate(
 ) -> list[PlanProblem]:
     problems: list[PlanProblem] = []
     pieces: dict = {}
+    trainer = sender_sources(trainer, rollout.quant)  # the sources the planner used (quantised weights: derived)
     sides = {TRAINER: _Side(trainer, pieces), ROLLOUT: _Side(rollout, pieces)}
     rsides = sides[ROLLOUT]
     # Instances with identical layouts answer identically: memoise per representative rank.

@@ -66,6 +66,7 @@ class ColocatedBridge:
         return cls(load_spec(spec), trainer, rollout)
 
     def push(self, version: int) -> PushStats:
+        from weightbridge.quant import quantized_sources
         from weightbridge.tensors import apply_local_copies, pack_items, unpack_items
 
         t0 = time.perf_counter()
@@ -73,7 +74,9 @@ class ColocatedBridge:
         with torch.no_grad():
             for _, bucket in self.plan.buckets():
                 buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device_of(self.rollout[bucket.receiver]))
-                pack_items(bucket.items, self.trainer[bucket.sender], buf)
+                sources = quantized_sources(self.trainer[bucket.sender], self.spec.trainer.ranks[bucket.sender],
+                                            self.spec.rollout.quant)  # FP8 targets: derived at the sender
+                pack_items(bucket.items, sources, buf)
                 unpack_items(bucket.items, buf, self.rollout[bucket.receiver])
             for r, tensors in self.rollout.items():
                 apply_local_copies(self.plan.local_copies, tensors, rank=r)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from weightbridge.errors import BridgeError, ForgedMessage, PeerFailed, ProtocolError
+from weightbridge.quant import quantized_sources
 from weightbridge.runtime import coordinator as co
 from weightbridge.runtime.connect import connect
 from weightbridge.runtime.epochs import REJOIN_CHECK_S, Endpoint
@@ -141,8 +142,10 @@ class TrainerBridge(Endpoint):
             if new_epoch:
                 self.enter_epoch(self.board, ann.epoch)
             plan, roster = self.epoch_plan()
+            # weights the rollout receives quantised: read through this rank's derived FP8 sources
+            sources = quantized_sources(self.tensors, self.layout, self.spec.rollout.quant)
             run = self.data_plane.run(
-                plan, side=TRAINER, rank=self.plan_rank, tensors=self.tensors, dst=None,
+                plan, side=TRAINER, rank=self.plan_rank, tensors=sources, dst=None,
                 tag=f"v{version}", on_round=self.on_round, version=version,
             )
             t_ack = time.perf_counter()

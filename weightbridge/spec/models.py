@@ -94,6 +94,37 @@ class PipelineSpec(_Strict):
     )
 
 
+class QuantizationSpec(_Strict):
+    """The rollout serves some weights as FP8 E4M3 with scales (``weightbridge docs fp8``)."""
+
+    format: Literal["fp8_e4m3"] = Field(default="fp8_e4m3", description="Weight format: FP8 E4M3 (float8_e4m3fn).")
+    block: Annotated[list[Annotated[int, Field(ge=1, le=1 << 16)]], Field(min_length=2, max_length=2)] | Literal["row"] = Field(
+        default_factory=lambda: [128, 128],
+        description="One scale per [rows, cols] block (DeepSeek / vLLM fp8_per_block: [128, 128]), or row: one per "
+        "output row (per channel).",
+    )
+    scales: Literal["float32", "ue8m0"] = Field(
+        default="float32", description="Scale values: float32 (amax / 448) or ue8m0 (rounded up to a power of two).")
+    scale_dtype: Literal["float32", "float8_e8m0fnu"] = Field(
+        default="float32",
+        description="How scales are stored: float32, or float8_e8m0fnu (UE8M0 packed: one exponent byte per scale; "
+        "needs scales: ue8m0).",
+    )
+    at: Literal["sender", "engine"] = Field(
+        default="sender",
+        description="sender: each trainer rank quantises the whole blocks it sends (FP8 + scales on the wire, about "
+        "half the bytes of bf16), bit for bit as the engine would; engine: the unquantised weights go on the wire and "
+        "the engine quantises them in its reload.",
+    )
+    weights: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        description="Canonical weights served quantised (fnmatch globs). Default: the 2-D weights of the decoder "
+        "layers but routers (*.mlp.gate.weight), norms, embeddings and lm_head: what vLLM quantises.",
+    )
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Canonical weights (fnmatch globs) left unquantised.")
+
+
 class SideSpec(_Strict):
     """One side's layout: a preset, its mesh, and overrides; or (``preset: none``) its own rules and axes."""
 
@@ -134,6 +165,11 @@ class SideSpec(_Strict):
         description="Rules added to the preset; a rule whose local template equals a preset rule's replaces it. "
         "With preset: none, the side's only rules.",
     )
+    quantization: QuantizationSpec | None = Field(
+        default=None,
+        description="Rollout side: weights the engine serves quantised (FP8 E4M3 with block or row scales), and who "
+        "quantises them. A pre-quantised (FP8) checkpoint implies it.",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> SideSpec:
@@ -155,6 +191,14 @@ def side_problems(side: SideSpec | Mapping[str, Any]) -> list[tuple[str, str, st
     if not isinstance(axes, list):
         axes = None if axes is None else []
     out: list[tuple[str, str, str]] = []
+    quant = get("quantization")
+    if isinstance(quant, Mapping):
+        quant = dict(quant)
+    elif quant is not None:
+        quant = quant.model_dump()
+    if isinstance(quant, dict) and quant.get("scale_dtype") == "float8_e8m0fnu" and quant.get("scales", "float32") != "ue8m0":
+        out.append(("quantization.scale_dtype", "float8_e8m0fnu stores powers of two only",
+                    "set scales: ue8m0, or scale_dtype: float32"))
     if preset != NO_PRESET:
         for key, value in (("axes", axes), ("mesh_family", family)):
             if value is not None and isinstance(preset, str):

@@ -7,8 +7,11 @@ pass rejected):
 2. the JSON Schema (``weightbridge.spec.schema``);
 3. the pydantic models, per section (cross-field checks);
 4. the canonical model source;
-5. rule expansion per side (mesh axes, divisibility, templates, dtypes, tiling; :mod:`.sides`);
-6. coverage: every canonical tensor held by the trainer and by each rollout instance.
+5. rule expansion per side (mesh axes, divisibility, templates, dtypes, tiling; :mod:`.sides`),
+   against the canonical model without scale tensors;
+6. coverage: every canonical tensor held by the trainer and by each rollout instance;
+7. quantised rollout targets (:mod:`.quant`): FP8 local tensors and their scales on the rollout
+   side, every block held whole by some trainer rank.
 
 Every problem is a :class:`~weightbridge.spec.errors.SpecProblem` with file, line
 and JSON path.
@@ -31,7 +34,9 @@ from weightbridge.gc_pause import gc_paused
 from weightbridge.layout.ir import CanonicalModel, SideLayout
 from weightbridge.plan.network import NetworkSpec
 from weightbridge.spec.errors import SpecErrors, SpecProblem, excerpt, show
+from weightbridge.layout.quant import unquantized
 from weightbridge.spec.models import BYTES_PATTERN, NO_PRESET, ModelSource, SideSpec, Spec, SyncSpec, side_problems
+from weightbridge.spec.quant import declared_model, quantized_sides
 from weightbridge.spec.schema import spec_schema
 from weightbridge.spec.sides import Collector, round_bytes_problem, side_pass, world_problem
 from weightbridge.spec.yaml_source import MAX_TEXT_CHARS, YamlSyntaxError, child_path, load_yaml
@@ -141,6 +146,8 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
     layouts: dict[str, SideLayout] = {}
     with gc_paused():  # canonical models and expansion allocate ~10^6 small tuples (weightbridge/gc_pause.py)
         canonical = _canonical_pass(sections.get("model"), base_dir or Path.cwd(), col)
+        if canonical is not None and col.section_ok("$.rollout"):
+            canonical = declared_model(canonical, sections.get("rollout"), col.add)  # type: ignore[arg-type]
         if canonical is not None:
             for side in SIDES:
                 spec_side = sections.get(side)
@@ -149,9 +156,13 @@ def check_text(text: str, file: str = "<spec>", base_dir: Path | None = None) ->
                     if too_big is not None:
                         col.add(*too_big)
                         continue
-                    lay = side_pass(side, spec_side, canonical, col)
+                    lay = side_pass(side, spec_side, unquantized(canonical), col)
                     if lay is not None:
                         layouts[side] = lay
+            if canonical.quant and len(layouts) == 2:
+                quantized = quantized_sides(canonical, layouts["trainer"], layouts["rollout"], col.add)
+                if quantized is not None:
+                    layouts["rollout"] = quantized
     sync = sections.get("sync")
     if "rollout" in layouts and isinstance(sync, SyncSpec):
         too_fine = round_bytes_problem(layouts["rollout"], sync.round_bytes)
@@ -281,6 +292,8 @@ def _model_pass(data: dict[str, Any], col: Collector) -> dict[str, BaseModel]:
     if isinstance(rollout, SideSpec) and rollout.preset not in ("vllm", "sglang", "hf", NO_PRESET):
         col.add("$.rollout.preset", f"{rollout.preset!r} is a trainer preset", "rollout presets: vllm, sglang, hf (or none: your own rules)")
     trainer = out.get("trainer")
+    if isinstance(trainer, SideSpec) and trainer.quantization is not None:
+        col.add("$.trainer.quantization", "quantization says what the rollout serves", "move it under rollout:")
     if isinstance(trainer, SideSpec) and trainer.instances != 1:
         col.add("$.trainer.instances", "the trainer is one instance", "use mesh dp for data-parallel replicas")
     return out

@@ -63,6 +63,11 @@ _ALL = (
     _r("sync.version.visible", "sync",
        "Right after apply() returns v the rollout reports version v, and in sync mode before push(v) returns.",
        "RolloutUnit.version must read RolloutBridge.version (the engine's own counter may lag)"),
+    _r("sync.refit.later-bitwise", "sync",
+       "Every update a rollout rank applies after its first one (the second refit and each later one) equals the "
+       "trainer's weights of that version bitwise.",
+       "an engine that post-processes what it loads (quantises, prepacks, fuses, keeps derived copies) must redo it "
+       "from the received checkpoint-format tensors on every update, not only on the first"),
     _r("async.push.bitwise", "async",
        "In async mode every version a rollout rank applies equals the trainer's weights of that version bitwise.",
        "with staging, apply() copies the staged version into the live tensors: read those back"),

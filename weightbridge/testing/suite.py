@@ -158,6 +158,22 @@ class ConformanceSuite:
     def test_sync_pushes_land_bitwise(self, wb_runner):
         self._bitwise(wb_runner, "sync.push.bitwise", "sync", 3)
 
+    @requirement("sync.refit.later-bitwise")
+    def test_every_refit_after_the_first_lands_bitwise(self, wb_runner):
+        run = wb_runner.run("sync")
+        v = Verdict("sync.refit.later-bitwise", run)
+        if v.processes_ok():
+            for proc in run.role("rollout"):
+                applied = proc.of("applied")
+                later = applied[1:]
+                v.expect(len(later) >= 2, f"{proc.label}: applied {[e['version'] for e in applied]}: fewer than two "
+                                          "updates after the first")
+                for before, e in zip(applied, later):
+                    bad = first_bad(e["bad"])
+                    v.expect(not bad, f"{proc.label}: version {e['version']}, applied after version "
+                                      f"{before['version']}: {bad}")
+        v.done()
+
     @requirement("async.push.bitwise")
     def test_async_pushes_land_bitwise(self, wb_runner):
         self._bitwise(wb_runner, "async.push.bitwise", "async", 4)

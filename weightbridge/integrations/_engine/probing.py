@@ -34,11 +34,13 @@ def default_cache_dir(engine_dir: str) -> Path:
 
 
 def check_against_engine(me: str, engine: str, resolved: Any, layout: RankLayout, *, key: str, cache: Path,
-                         probe: Callable[[], Any]) -> RankLayout:
+                         probe: Callable[[], Any],
+                         served: Callable[[RankLayout], RankLayout] | None = None) -> RankLayout:
     """The layout the engine's loader gives this rank (``cache/key.json``, else ``probe()``'s
     :class:`~weightbridge.probe.ProbeResult`, then cached); ``EngineMismatch`` on ``me`` unless it
     equals ``layout`` (the spec's) and the spec's pinned fingerprint, if any. ``engine``: its name
-    in messages (``"vLLM"``)."""
+    in messages (``"vLLM"``). ``served``: how the receive buffers differ from the loader probed
+    (an engine that quantises online was probed unquantised; the sender's FP8 arrives instead)."""
     from weightbridge.probe import read_probe_json, write_probe_json
     from weightbridge.probe.diff import diff_layouts, format_diff
 
@@ -58,6 +60,8 @@ def check_against_engine(me: str, engine: str, resolved: Any, layout: RankLayout
         write_probe_json(res, path)
         probed = res.layout
         log.info("weightbridge: %s: probed %s's loader (%s), cached at %s", me, engine, res.summary(), path)
+    if served is not None:
+        probed = served(probed)
     diffs = diff_layouts(layout, probed)
     if diffs:
         raise EngineMismatch(

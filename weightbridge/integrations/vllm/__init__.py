@@ -92,7 +92,8 @@ class WorkerExtension:
     the conformance suite (:mod:`weightbridge.integrations.vllm.conformance`)
     ``weightbridge_poll`` (the bridge's ``poll()`` in the worker: staged version, or the typed
     error of a failed receive as plain data), ``weightbridge_buffers`` (the receive buffers as CPU
-    tensors) and ``weightbridge_probed_layout`` (the layout probed from vLLM's loader, as JSON).
+    tensors), ``weightbridge_probed_layout`` (the layout probed from vLLM's loader, as JSON) and
+    ``weightbridge_fp8_format`` (the FP8 weights the engine serves, as the probe reports them).
     """
 
     def weightbridge_check(self, checkpoint_dir: str) -> list[str]:
@@ -143,6 +144,13 @@ class WorkerExtension:
             out[name] = [dtype_name(cpu.dtype), list(cpu.shape),
                          cpu.view(-1).view(torch.uint8).numpy().tobytes()]
         return out
+
+    def weightbridge_fp8_format(self) -> dict[str, Any]:
+        """The FP8 weights this worker's engine serves, as its probe reports them
+        (:func:`weightbridge.integrations.vllm.fp8.engine_format`; empty for an unquantised engine)."""
+        from weightbridge.integrations.vllm.fp8 import engine_format
+
+        return engine_format(self.model_runner.model)
 
     def weightbridge_probed_layout(self) -> dict[str, Any] | None:
         """The RankLayout probed from vLLM's ``load_weights`` at init (JSON), None with ``probe="off"``."""

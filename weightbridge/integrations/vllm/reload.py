@@ -28,6 +28,11 @@ docs/vllm_integration_notes.md §4.2) and are worked around here:
    (512) at non-singleton dimension 1"): give ``kv_b_proj`` a kernel tensor of its checkpoint
    shape before the reload (MLA's re-processing packs from it and empties it again), and keep the
    packed copies of a layer whose ``kv_b_proj`` this reload does not write.
+
+FP8 weights quantised at the sender for an engine that quantises online (``fp8`` names) do not go
+through the layer's loader (it takes bf16): :class:`~weightbridge.integrations.vllm.fp8.OnlineFp8Writes`
+writes those layers whole, inside the same reload (a streaming write holds a layer's tensors until
+the last of them arrived).
 """
 
 from __future__ import annotations
@@ -52,9 +57,12 @@ class ReloadSession:
     ``update_weights`` / ``finish_weight_update``; all in the worker's thread, between engine steps.
     """
 
-    def __init__(self, model: torch.nn.Module, model_config: Any) -> None:
+    def __init__(self, model: torch.nn.Module, model_config: Any, fp8: frozenset[str] = frozenset()) -> None:
+        """``fp8``: the local FP8 weight names this rank receives (quantised at the sender)."""
         self.model = model
         self.model_config = model_config
+        self.fp8 = fp8
+        self._online: Any = None
         self._moe_kernels: list[tuple[Any, Any]] = []
         self._mla: list[_AmxMla] = []
         self._written: set[str] = set()
@@ -75,6 +83,10 @@ class ReloadSession:
         self._mla = _AmxMla.prepare(self.model)  # defect 3
         try:
             initialize_layerwise_reload(self.model)
+            if self.fp8:
+                from weightbridge.integrations.vllm.fp8 import OnlineFp8Writes
+
+                self._online = OnlineFp8Writes(self.model, set(self.fp8))
         except BaseException:
             self._put_back_kernels()
             for m in self._mla:
@@ -100,6 +112,10 @@ class ReloadSession:
             self._modules = dict(self.model.named_modules())
         modules = self._modules
         n = 0
+        if self._online is not None:  # FP8 into layers that quantise online: written whole, elsewhere
+            rest = self._online.take(tensors)
+            n += sum(t.numel() for name, t in tensors.items() if name not in rest)
+            tensors = rest
         for name, tensor in tensors.items():
             mod_name, _, pname = name.rpartition(".")
             mod = modules.get(mod_name)
@@ -125,6 +141,8 @@ class ReloadSession:
         if not self._active:
             return
         try:
+            if self._online is not None and self._online.unfinished():
+                raise RuntimeError(f"FP8 layers not written whole this update: {self._online.unfinished()[:4]}")
             finalize_layerwise_reload(self.model, self.model_config)
             lm = getattr(self.model, "lm_head", None)  # defect 1
             tied = getattr(getattr(self.model_config, "hf_config", None), "tie_word_embeddings", False)

@@ -165,7 +165,9 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     once a phase is set up), ``go_wait_s`` (those waits' deadline), ``greedy`` (rank 0 saves the HF
     model's greedy output per version; default: without ``go_key``), ``servers`` (``vllm serve``
     URLs: rank 0 pushes through :class:`~weightbridge.integrations.vllm.server.VLLMServers`; a
-    phase's ``pause`` and ``initial_version`` go to it).
+    phase's ``pause`` and ``initial_version`` go to it), ``save_dtype`` (the saved checkpoints' dtype,
+    default float32), ``megatron_mesh`` (default :data:`MEGATRON_MESH` of ``kind``), ``world_prefix``
+    (the trainer world's store prefix), ``version0`` (pushes start at ``version0 + 1``).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -183,18 +185,20 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
     if job.get("trainer_kind") == "megatron":  # same methods: tensors, full_tensors, step, close
         from weightbridge.testing._internal.megatron import MegatronWorld
 
-        mesh = MEGATRON_MESH[job["kind"]]
+        mesh = job.get("megatron_mesh") or MEGATRON_MESH[job["kind"]]
         trainer = MegatronWorld(AutoConfig.from_pretrained(job["model_dir"]), rank=rank, world_size=world,
                                 tp=mesh.get("tp", 1), ep=mesh.get("ep", 1), store=store,
-                                prefix="selfcheck/trainer-world/")
+                                prefix=job.get("world_prefix", "selfcheck/trainer-world/"))
         trainer.load_checkpoint(job["model_dir"])  # start from the engine's v0
     else:
-        trainer = FSDP2World(build, rank=rank, world_size=world, store=store, prefix="selfcheck/trainer-world/")
-    plain = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32) if rank == 0 else None
+        trainer = FSDP2World(build, rank=rank, world_size=world, store=store,
+                             prefix=job.get("world_prefix", "selfcheck/trainer-world/"))
+    save_dtype = getattr(torch, job.get("save_dtype", "float32"))
+    plain = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=save_dtype) if rank == 0 else None
     opt = torch.optim.AdamW(trainer.model.parameters(), lr=job.get("lr", 3e-3))
     vocab = AutoConfig.from_pretrained(job["model_dir"]).vocab_size
     records: list[dict[str, Any]] = []
-    version = 0
+    version = job.get("version0", 0)  # the last version before this job's first push
     try:
         for i, phase in enumerate(job["phases"]):
             if i and job.get("go_key"):  # the driver checks the last phase's weights before the servers re-init
@@ -260,6 +264,8 @@ def _save_version(plain: torch.nn.Module, full: dict[str, torch.Tensor], workdir
     """Rank 0: the full model as an HF checkpoint (``save_pretrained``) and its greedy output."""
     out = version_dir(workdir, version)
     tmp = out.with_name(out.name + ".tmp")
+    dtype = next(plain.parameters()).dtype  # the checkpoint's: float32 masters are saved rounded to it
+    full = {k: v.to(dtype) for k, v in full.items()}
     names = plain.state_dict().keys()
     if any(name not in names for name in full):  # checkpoint names (Megatron's gather)
         _save_checkpoint_names(plain, full, tmp, greedy_too)
