@@ -128,7 +128,7 @@ class DerivedSource:
     def _gather(self, wbox: Box) -> torch.Tensor:
         """The weight's elements in ``wbox`` (canonical frame) in the engine's dtype, read from the
         rank's pieces through the source dtypes."""
-        out = torch.empty(box_shape(wbox), dtype=torch.float32, device=self.device)
+        out = torch.empty(box_shape(wbox), dtype=self.source[-1], device=self.device)
         filled = 0
         for tensor, piece in self.parts:
             sub = intersect(piece.canonical_box, wbox)

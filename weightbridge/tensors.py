@@ -177,8 +177,8 @@ def copy_runs(items: Sequence, tensors: Mapping[str, torch.Tensor], offset: int,
         rng = None
         if not transpose:
             t = tensors[name]
-            if name not in flat:
-                flat[name] = t.is_contiguous()
+            if name not in flat:  # a virtual source (quant.DerivedSource: FP8 computed on read) has no storage
+                flat[name] = isinstance(t, torch.Tensor) and t.is_contiguous()
             rng = _flat_range(t.shape, box) if flat[name] else None
         if rng is None:
             out.append((it, offset))
