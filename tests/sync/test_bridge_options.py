@@ -118,7 +118,7 @@ def test_staging_follows_the_mode_unless_the_spec_or_the_rank_says_otherwise(mod
     b = RolloutBridge.from_spec(r, rank=0, tensors=tensors, store=dist.HashStore(), staging=rank_staging,
                                 options=BridgeOptions(data_plane=StoreDataPlane()))
     try:
-        assert b.staging is expected and (b._staging is not None) is expected
+        assert b.staging is expected and (b.staging_tensors is not None) is expected
     finally:
         b.close()
 

@@ -163,6 +163,11 @@ class RolloutBridge(Endpoint):
             return self._staged is not None
 
     @property
+    def staging_tensors(self) -> Mapping[str, torch.Tensor] | None:
+        """The staging copy, read only (it may hold a newer, unapplied version); None without staging."""
+        return self._staging
+
+    @property
     def staged_version(self) -> int | None:
         """The complete version waiting for ``apply()``, or None (informative: it may change at once)."""
         with self._lock:
