@@ -301,9 +301,8 @@ class RolloutBridge(Endpoint):
             torch.cuda.empty_cache()
 
     def _receive_pending(self) -> None:
-        """In place, holding nothing (the instance agreement, while it waits): receive an announced push
-        now, so that peers blocked in the same push (exchange rounds) can finish; an error is kept for the
-        next ``poll()``."""
+        """In place, holding nothing (the instance agreement, while it waits): receive an announced push now,
+        so that peers blocked in it (exchange rounds) can finish; an error is kept for the next ``poll()``."""
         try:
             ann = self._announcement(self.board)
         except BridgeError as exc:  # a bad value: the next poll() raises it
