@@ -42,6 +42,8 @@ _EXPORTS = {
     "RolloutBridge": "weightbridge.bridge",
     "ColocatedBridge": "weightbridge.bridge",
     "PushStats": "weightbridge.bridge",
+    "ReceiveStats": "weightbridge.bridge",
+    "InstanceView": "weightbridge.bridge",
     "BridgeOptions": "weightbridge.bridge",
     "BridgeError": "weightbridge.errors",
     "PeerFailed": "weightbridge.errors",

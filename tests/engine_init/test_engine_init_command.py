@@ -175,3 +175,34 @@ def test_prepared_fields_are_checked_in_the_driver():
         prepare(SPEC, host="h", port=1, instance=2)
     with pytest.raises(ValueError):
         Prepared(None, {"spec": SPEC, "host": "h", "port": 70000}, 5.0, "wb", None).sealed()
+
+
+def test_drivers_refuse_timeout_s_as_from_spec_does_saying_it_moved_to_the_spec():
+    """``timeout_s=`` moved to the spec (``sync.timeout_s``): every driver refuses it with the same hint as
+    ``RolloutBridge.from_spec``, before it reaches an engine (none is given here: a refusal touches none)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from weightbridge.bridge import RolloutBridge
+    from weightbridge.integrations.sglang.driver import SGLangWeightSync
+    from weightbridge.integrations.vllm.async_driver import AsyncVLLMWeightSync
+    from weightbridge.integrations.vllm.driver import VLLMWeightSync
+    from weightbridge.integrations.vllm.protocol import BACKEND
+    from weightbridge.integrations.vllm.server import VLLMServers
+
+    config = SimpleNamespace(weight_transfer_config=SimpleNamespace(backend=BACKEND))
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config))
+    kw = {"host": "127.0.0.1", "port": 1, "probe": "off", "timeout_s": 5.0}
+    calls = {
+        "VLLMWeightSync": lambda: VLLMWeightSync(llm, SPEC, **kw),
+        "AsyncVLLMWeightSync.create": lambda: asyncio.run(
+            AsyncVLLMWeightSync.create(SimpleNamespace(vllm_config=config), SPEC, **kw)),
+        "VLLMServers": lambda: VLLMServers(["http://127.0.0.1:9", "http://127.0.0.1:9"], SPEC, **kw),
+        "SGLangWeightSync": lambda: SGLangWeightSync("http://127.0.0.1:9", SPEC, **kw),
+        "from_spec": lambda: RolloutBridge.from_spec(SPEC, rank=0, tensors=None, timeout_s=5.0),
+    }
+    for where, call in calls.items():
+        with pytest.raises(TypeError) as info:
+            call()
+        assert f"{where}() got unexpected keyword argument(s): timeout_s= (set sync.timeout_s in the spec)" in str(
+            info.value), where

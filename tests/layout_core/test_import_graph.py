@@ -1,4 +1,5 @@
-"""The import graph of weightbridge/ and mcp_server/: no cycles, layers kept, lazy where promised."""
+"""The import graph of weightbridge/ and mcp_server/ (every import statement, lazy and ``TYPE_CHECKING`` ones
+included): no cycles, layers kept, lazy where promised."""
 
 from __future__ import annotations
 
@@ -23,36 +24,6 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-    )
-
-
-def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Imports that run when the module is imported (``if``/``try`` bodies included, ``TYPE_CHECKING`` not)."""
-    out: list[ast.Import | ast.ImportFrom] = []
-
-    def walk(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                out.append(node)
-            elif isinstance(node, ast.If):
-                if not _is_type_checking(node):
-                    walk(node.body)
-                walk(node.orelse)
-            elif isinstance(node, ast.Try):
-                walk(node.body)
-                for h in node.handlers:
-                    walk(h.body)
-                walk(node.orelse)
-                walk(node.finalbody)
-
-    walk(tree.body)
-    return out
-
-
 def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -65,12 +36,17 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[s
     return [mod] + [f"{mod}.{a.name}" for a in node.names]  # `from pkg import submodule` imports it
 
 
+def _all_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement: module level, inside functions (lazy) and under ``TYPE_CHECKING``."""
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
 def _graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         deps: set[str] = set()
-        for node in _module_level_imports(ast.parse(path.read_text())):
+        for node in _all_imports(ast.parse(path.read_text())):
             deps.update(t for t in _targets(name, path, node) if t in mods and t != name)
         graph[name] = deps
     return graph
@@ -127,7 +103,9 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycles() -> None:
-    """Module-level imports (``TYPE_CHECKING`` blocks excluded) of weightbridge and mcp_server form no cycle."""
+    """Imports of every kind (module level, function level, ``TYPE_CHECKING``) of weightbridge and mcp_server
+    form no cycle: a lazy or annotation-only import is still a dependency, and a cycle through one means two
+    modules that cannot be understood (or moved) apart."""
     assert _cycles(_graph()) == []
 
 

@@ -28,19 +28,19 @@ from sync_harness import Threads, rollout_bridge, spec_text, trainer_bridge
 
 
 class Counted:
-    """Count ``ControlPlane._call`` (every store call of the control plane) on one thread."""
+    """Count ``ControlPlane.store_call`` (every store call of the control plane) on one thread."""
 
     def __init__(self, monkeypatch) -> None:
         self.thread: int | None = None
         self.calls: list[str] = []
-        real = ControlPlane._call
+        real = ControlPlane.store_call
 
         def call(cp, fn, *args):
             if threading.get_ident() == self.thread:
                 self.calls.append(getattr(fn, "__name__", str(fn)))
             return real(cp, fn, *args)
 
-        monkeypatch.setattr(ControlPlane, "_call", call)
+        monkeypatch.setattr(ControlPlane, "store_call", call)
 
 
 def pre_announce_calls(monkeypatch, mode: str, instances: int) -> int:

@@ -186,12 +186,18 @@ def test_hostile_bodies_and_headers_raise_value_error_or_stay_in_bounds(data):
         else:
             fields[name] = data.draw(st.one_of(st.integers(-5, 5000), st.integers(-(2**62), 2**62)))
         buf[: wd.HEADER_BYTES] = wd.Header(**fields).to_tensor(buf.device)
-    dst = {"w": torch.zeros(40, 30, dtype=torch.bfloat16)}
+    # The destination box is rows 0-39 of a 48-row tensor: rows 40-47 are outside every box of the plan.
+    dst = {"w": torch.arange(48 * 30, dtype=torch.int16).view(48, 30).view(torch.bfloat16)}
+    before = dst["w"].clone()
     try:
         h = wd.read_header(buf, buf.numel(), 8)
-        wd.decode_bucket(buf, bucket, geo, dst, h)
-    except ValueError:
-        pass
+        written = wd.decode_bucket(buf, bucket, geo, dst, h)
+    except ValueError:  # a malformed message: nothing of it written
+        assert torch.equal(dst["w"].view(torch.int16), before.view(torch.int16))
+        return
+    # accepted: it wrote within the bucket's elements and box, nowhere else
+    assert 0 <= written <= geo.elements == 40 * 30
+    assert torch.equal(dst["w"][40:].view(torch.int16), before[40:].view(torch.int16))
 
 
 def test_header_rejects_garbage_and_a_bad_crc():

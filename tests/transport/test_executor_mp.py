@@ -129,8 +129,7 @@ def test_fp32_trainer_to_bf16_rollout_with_checksums() -> None:
 
 def test_receiver_dedup_exchange_rounds() -> None:
     plan, results, _ = run_transfer(PP2_TO_TP2, receiver_dedup="on")
-    if not plan.receiver_dedup:
-        pytest.skip("planner did not enable receiver de-replication")
+    assert plan.receiver_dedup, "receiver_dedup: on and two rollout instances, yet the plan did not de-replicate"
     from_trainers = sum(b.nbytes for _, b in plan.buckets() if b.src_side == "trainer")
     exchanged = sum(b.nbytes for _, b in plan.buckets() if b.src_side == "rollout")
     assert exchanged > 0

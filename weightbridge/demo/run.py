@@ -45,9 +45,9 @@ _PRELOAD = [
 
 
 def _job(kind: str, job: dict) -> Any:
-    from weightbridge.demo import workers
+    from weightbridge.demo.workers import rollout_main, trainer_main
 
-    return (workers.trainer_main if kind == "trainer" else workers.rollout_main)(job)
+    return (trainer_main if kind == "trainer" else rollout_main)(job)
 
 
 def _launch(jobs: Sequence[tuple[str, str, dict]], timeout_s: float) -> dict[str, tuple]:

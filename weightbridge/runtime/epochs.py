@@ -27,7 +27,8 @@ from weightbridge.spec.resolve import ResolvedSpec
 from weightbridge.sync.auth import signer_for
 from weightbridge.sync.board import Board
 from weightbridge.sync.control import ControlPlane
-from weightbridge.sync.dataplane import DataPlane, check_data_plane, data_plane_for
+from weightbridge.sync.dataplane import DataPlane, check_data_plane
+from weightbridge.sync.plane_choice import data_plane_for
 from weightbridge.sync.membership import PlanCache, actual_dtypes, check_tensors, data_check, expected_dtypes
 from weightbridge.sync.messages import Hello, Keys
 from weightbridge.sync.roster import ROLLOUT, TRAINER, RankId, Roster

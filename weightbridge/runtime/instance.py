@@ -22,8 +22,11 @@ traffic). :class:`InstanceView` reads an instance's versions from outside (a dri
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from weightbridge.errors import BridgeError, DeadlineExceeded, PeerFailed, ProtocolError
 from weightbridge.runtime import coordinator as co
@@ -31,17 +34,54 @@ from weightbridge.sync.board import Board, rollout_ids
 from weightbridge.sync.messages import Join, Offer, decode
 from weightbridge.sync.roster import ROLLOUT, RankId, instance_rollout_ranks
 
-if TYPE_CHECKING:
-    from weightbridge.runtime.rollout import RolloutBridge
-
 ROUND_PAUSE_S = 0.005  # between rounds that found nothing to apply yet
+
+
+class InstanceMember(Protocol):
+    """What the agreement reads of its rank's :class:`~weightbridge.runtime.rollout.RolloutBridge`: its public
+    surface (declared here, so that ``rollout`` imports ``instance`` and not the reverse)."""
+
+    board: Board
+    me: RankId
+    rank: int  # spec numbering
+    layout: Any  # its .instance: the rollout instance this rank belongs to
+    spec: Any  # the resolved spec (its .rollout)
+    staging: bool
+
+    @property
+    def staged_version(self) -> int | None: ...
+
+    @property
+    def version(self) -> int | None: ...
+
+    def poll(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class MemberOps:
+    """What the agreement does to its rank's bridge beyond the public surface, handed over by the bridge
+    (:meth:`~weightbridge.runtime.rollout.RolloutBridge.apply_instance`); each is named by what it does there.
+
+    ``gate``: held by the receive thread for a whole receive; the agreement holds it while the instance
+    decides, so that the staged version is not superseded meanwhile. ``receives_in_place()``: this call
+    receives in place (no staging; live tensors or a sink). ``receive_pending()``: receive an announced push
+    now, keeping any error for the next ``poll()``. ``apply_staged()``: ``apply()`` without raising a kept
+    error. ``unapplied_stream(reason)``: a streamed version its instance did not apply leaves the rank torn.
+    """
+
+    gate: threading.Lock
+    receives_in_place: Callable[[], bool]
+    receive_pending: Callable[[], None]
+    apply_staged: Callable[[], int]
+    unapplied_stream: Callable[[str], None]
 
 
 class InstanceAgreement:
     """The apply agreement of one rollout rank with the other ranks of its instance."""
 
-    def __init__(self, bridge: RolloutBridge) -> None:
+    def __init__(self, bridge: InstanceMember, ops: MemberOps) -> None:
         self.bridge = bridge
+        self.ops = ops
         self.board: Board = bridge.board  # the engine thread's connection (the receive thread has its own)
         self.me = bridge.me
         self.instance = bridge.layout.instance
@@ -62,7 +102,7 @@ class InstanceAgreement:
             outcome = f"{type(exc).__name__}: {exc}"[:300]
             raise
         finally:
-            self.bridge._unapplied_stream(outcome)  # no-op unless a streamed version is left staged
+            self.ops.unapplied_stream(outcome)  # no-op unless a streamed version is left staged
 
     def _apply_loop(self, want: int | None, timeout_s: float) -> int | None:
         deadline = time.monotonic() + timeout_s
@@ -77,7 +117,7 @@ class InstanceAgreement:
                     return self._apply(decision.version)
             finally:
                 if held:
-                    self.bridge._gate.release()
+                    self.ops.gate.release()
             if isinstance(decision, co.RankFailed):
                 if decision.rank == self.me.rank and error is not None:
                     raise error
@@ -106,7 +146,7 @@ class InstanceAgreement:
         staged = None
         if error is None:
             if bridge.staging:
-                held = bridge._gate.acquire(blocking=False)  # False while a receive is in flight
+                held = self.ops.gate.acquire(blocking=False)  # False while a receive is in flight
                 staged = bridge.staged_version if held else None
             else:
                 staged = bridge.staged_version  # in place: only poll() (this thread) changes it
@@ -121,7 +161,7 @@ class InstanceAgreement:
                 self.board.offer(self.instance, session, offer)
             except BaseException:
                 if held:
-                    bridge._gate.release()
+                    self.ops.gate.release()
                 raise
         return offer, held, error
 
@@ -130,7 +170,7 @@ class InstanceAgreement:
         late peer still offers, marked late, within the apply's own deadline plus one)."""
         ranks = [p.rank for p in self.peers]
         keys = self.board.offer_keys(self.instance, session, mine.round, ranks)
-        progress = self._progress if (self.bridge._receives_in_place() and mine.staged is None) else None
+        progress = self.ops.receive_pending if (self.ops.receives_in_place() and mine.staged is None) else None
         raw = self.board.cp.wait_for(
             keys, deadline, f"rollout ranks {ranks} of instance {self.instance} to reach round {mine.round} of "
             "apply_instance (does every rank of the instance call it?)", watch=self.peers, progress=progress,
@@ -146,23 +186,8 @@ class InstanceAgreement:
         self._mine[session] = mine.round
         return offers
 
-    def _progress(self) -> None:
-        """In place, holding nothing: keep receiving while waiting, so that peers blocked in the same
-        push (exchange rounds) can finish; an error is kept for the next round's poll()."""
-        bridge = self.bridge
-        try:
-            ann = bridge._announcement(bridge.board)
-        except BridgeError as exc:  # a bad value: the next round's poll() raises it
-            bridge._keep(exc)
-            return
-        if ann is not None and co.receives(ann.order, bridge._handled):
-            try:
-                bridge._receive(bridge.board, ann, keep_error=True)
-            except BaseException:  # noqa: BLE001 - kept by _receive for the next poll()
-                pass
-
     def _apply(self, version: int) -> int:
-        applied = self.bridge._apply_staged()  # poll() this round raised any kept error already
+        applied = self.ops.apply_staged()  # poll() this round raised any kept error already
         if applied != version:
             raise ProtocolError(self.me, f"the instance agreed on version {version}, the staged one was {applied}")
         return applied

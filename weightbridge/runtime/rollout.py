@@ -163,6 +163,11 @@ class RolloutBridge(Endpoint):
             return self._staged is not None
 
     @property
+    def staging_tensors(self) -> Mapping[str, torch.Tensor] | None:
+        """The staging copy, read only (it may hold a newer, unapplied version); None without staging."""
+        return self._staging
+
+    @property
     def staged_version(self) -> int | None:
         """The complete version waiting for ``apply()``, or None (informative: it may change at once)."""
         with self._lock:
@@ -264,9 +269,10 @@ class RolloutBridge(Endpoint):
         the version it received.
         """
         if self._agreement is None:
-            from weightbridge.runtime.instance import InstanceAgreement
+            from weightbridge.runtime.instance import InstanceAgreement, MemberOps
 
-            self._agreement = InstanceAgreement(self)
+            self._agreement = InstanceAgreement(self, MemberOps(
+                self._gate, self._receives_in_place, self._receive_pending, self._apply_staged, self._unapplied_stream))
         with self._sinking(sink):
             return self._agreement.apply(version, self.timeout_s if timeout_s is None else float(timeout_s))
 
@@ -293,6 +299,20 @@ class RolloutBridge(Endpoint):
             release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _receive_pending(self) -> None:
+        """In place, holding nothing (the instance agreement, while it waits): receive an announced push now,
+        so that peers blocked in it (exchange rounds) can finish; an error is kept for the next ``poll()``."""
+        try:
+            ann = self._announcement(self.board)
+        except BridgeError as exc:  # a bad value: the next poll() raises it
+            self._keep(exc)
+            return
+        if ann is not None and co.receives(ann.order, self._handled):
+            try:
+                self._receive(self.board, ann, keep_error=True)
+            except BaseException:  # noqa: BLE001 - kept by _receive for the next poll()
+                pass
 
     def _unapplied_stream(self, reason: str) -> None:
         """A streaming rank wrote a version into the engine that its instance did not apply: torn."""

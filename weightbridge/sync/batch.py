@@ -17,17 +17,29 @@ the last one to the decisions taken right after the wait.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from weightbridge.sync.control import ControlPlane
+
+class SnapshotReads(Protocol):
+    """What a batch needs of a control plane (:class:`~weightbridge.sync.control.ControlPlane` is one):
+    the store, the snapshot its reads answer from, and its bounded, typed store calls. Declared here so
+    that ``control`` imports ``batch`` and not the reverse."""
+
+    store: Any
+    snapshot: dict[str, bytes | None] | None
+
+    def exists(self, keys: Sequence[str]) -> bool: ...
+
+    def store_call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def peek_raw(self, key: str) -> bytes | None: ...
 
 BATCH_MIN = 4  # fewer keys: one read each (one round trip) is cheaper than check + multi_get (three)
 MULTI_GET_S = 2.0  # a key deleted between the check and the read ends the multi_get this soon (then: one read each)
 
 
-def read_many(cp: ControlPlane, keys: Sequence[str], *, all_or_none: bool = False) -> dict[str, bytes | None] | None:
+def read_many(cp: SnapshotReads, keys: Sequence[str], *, all_or_none: bool = False) -> dict[str, bytes | None] | None:
     """Raw values of ``keys`` (None where absent), in three round trips when all exist.
 
     ``all_or_none``: when some key is absent, return None after the one ``check`` (a caller that
@@ -41,14 +53,14 @@ def read_many(cp: ControlPlane, keys: Sequence[str], *, all_or_none: bool = Fals
             if all_or_none:
                 return None
         elif multi is not None and len(keys) >= BATCH_MIN:
-            values = cp._call(multi, keys, MULTI_GET_S)
+            values = cp.store_call(multi, keys, MULTI_GET_S)
             if values is not None:  # None: a key vanished after the check
                 return dict(zip(keys, values))
-    return {k: cp._peek(k) for k in keys}
+    return {k: cp.peek_raw(k) for k in keys}
 
 
 @contextlib.contextmanager
-def batch(cp: ControlPlane, keys: Sequence[str], *, all_or_none: bool = False
+def batch(cp: SnapshotReads, keys: Sequence[str], *, all_or_none: bool = False
           ) -> Iterator[dict[str, bytes | None] | None]:
     """Within the block, ``cp``'s reads of ``keys`` answer from one :func:`read_many` (nested blocks add
     keys). ``all_or_none``: when some key is absent the block gets None and reads as usual."""
@@ -65,7 +77,7 @@ def batch(cp: ControlPlane, keys: Sequence[str], *, all_or_none: bool = False
 
 
 @contextlib.contextmanager
-def reuse(cp: ControlPlane, snapshot: dict[str, bytes | None]) -> Iterator[None]:
+def reuse(cp: SnapshotReads, snapshot: dict[str, bytes | None]) -> Iterator[None]:
     """Within the block, ``cp``'s reads of ``snapshot``'s keys answer from it (values a :func:`batch` read
     moments ago, for decisions taken right after that look)."""
     outer = cp.snapshot

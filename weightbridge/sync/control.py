@@ -132,7 +132,7 @@ class ControlPlane:
                             ranks=self.ranks)
 
     # -- store access -------------------------------------------------------------------------
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the store; a store error is :class:`StoreUnreachable` naming this rank and the
         store (never a peer: the store may be external, and no read here blocks on a missing key)."""
         try:
@@ -156,7 +156,7 @@ class ControlPlane:
 
     def set_raw(self, key: str, body: bytes) -> None:
         """Write ``body`` sealed under ``key``."""
-        self._call(self.store.set, key, self.auth.seal(key, body))
+        self.store_call(self.store.set, key, self.auth.seal(key, body))
 
     def open(self, key: str, value: bytes | str) -> bytes:
         """The body of ``value`` read under ``key``; :class:`ForgedMessage` unless authenticated."""
@@ -164,10 +164,10 @@ class ControlPlane:
 
     def get_raw(self, key: str) -> bytes | None:
         """The authenticated body at ``key``, or None if the key does not exist (never blocks)."""
-        value = self._peek(key)
+        value = self.peek_raw(key)
         return None if value is None else self.open(key, value)
 
-    def _peek(self, key: str) -> bytes | None:
+    def peek_raw(self, key: str) -> bytes | None:
         """The raw value at ``key`` or None, in one non-blocking call: a ``check`` then ``get`` blocks until
         the store's timeout when the key is deleted in between (a rank's ``close()`` deletes its join
         record while a peer reads it; a stranger may delete any key). Inside a
@@ -176,8 +176,8 @@ class ControlPlane:
             return self.snapshot[key]
         peek = getattr(self.store, "peek", None)  # ReconnectingStore
         if peek is not None:
-            return self._call(peek, key)
-        value = self._call(self.store.compare_set, key, _ABSENT, _ABSENT)  # never matches, so never writes
+            return self.store_call(peek, key)
+        value = self.store_call(self.store.compare_set, key, _ABSENT, _ABSENT)  # never matches, so never writes
         return None if value == _ABSENT else value
 
     def get(self, key: str, cls: type[M]) -> M | None:
@@ -197,7 +197,7 @@ class ControlPlane:
         snap = self.snapshot
         if snap is not None and all(k in snap for k in keys):
             return all(snap[k] is not None for k in keys)
-        return bool(self._call(self.store.check, list(keys)))
+        return bool(self.store_call(self.store.check, list(keys)))
 
     def counter(self, key: str) -> int:
         """An authenticated integer (a heartbeat, the epoch number) at ``key``; 0 when absent."""
@@ -213,7 +213,7 @@ class ControlPlane:
         self.set_raw(key, str(int(value)).encode())
 
     def delete(self, key: str) -> None:
-        self._call(self.store.delete_key, key)
+        self.store_call(self.store.delete_key, key)
 
     # -- deadlines ------------------------------------------------------------------------
     def deadline(self, timeout_s: float | None = None) -> float:
@@ -265,7 +265,7 @@ class ControlPlane:
                 # more: one check of them all, then one multi_get (sync/batch.py); a key deleted
                 # meanwhile reads as missing, never blocks
                 if len(keys) == 1:
-                    raw = [self._peek(keys[0])]
+                    raw = [self.peek_raw(keys[0])]
                 else:
                     got = read_many(self, keys, all_or_none=True)
                     raw = [None] if got is None else [got[k] for k in keys]
@@ -285,7 +285,7 @@ class ControlPlane:
                         if joins:
                             self.check_restarts(joins)
                 if now > deadline or (self.stop is not None and self.stop.is_set()):
-                    missing = [k for k in keys if not self._call(self.store.check, [k])]
+                    missing = [k for k in keys if not self.store_call(self.store.check, [k])]
                     if missing:
                         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
                         what = f"{what} (missing {', '.join(missing[:3])}{more})"
@@ -380,7 +380,7 @@ class ControlPlane:
         """Read the failures of ``epoch`` (when its flag changed, or every ``RESCAN_S``); the ids seen, in order."""
         seen = self._seen.setdefault(epoch, [])
         flag_key = self.keys.failed(epoch)
-        raw = self._peek(flag_key)
+        raw = self.peek_raw(flag_key)
         if raw is None:
             return seen
         now = time.monotonic()

@@ -34,7 +34,7 @@ agrees only with members that state none). ``place(identities)``: every member's
 (from the epoch's authenticated hellos), given right before ``connect`` (the colocated data plane,
 :class:`~weightbridge.transport.local_plane.LocalDataPlane`, learns from it which pairs share a host).
 
-:func:`data_plane_for` picks the data plane of ``sync.transport``: ``gloo`` / ``nccl``: the wire
+:func:`~weightbridge.sync.plane_choice.data_plane_for` picks the data plane of ``sync.transport``: ``gloo`` / ``nccl``: the wire
 (:class:`TransportDataPlane`); ``shm`` / ``ipc``: shared memory for pairs on one host (``/dev/shm``; CUDA IPC),
 the wire for the others; ``auto``: ``shm`` on CPU, on CUDA ``ipc`` where a GPU holds two members and NCCL
 otherwise, and the wire alone with ``sync.delta`` (deltas pay on slow links, not in shared memory).
@@ -87,26 +87,6 @@ class DataPlane(Protocol):
 
 
 METHODS = ("connect", "authenticate", "run", "close")
-
-
-def data_plane_for(transport: str, *, device: torch.device | str, checksums: bool, signer: Any = None,
-                   delta: str = "off") -> Any:
-    """The data plane of ``sync.transport`` for a rank whose tensors are on ``device`` (module docstring)."""
-    import os
-    import sys
-
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    shm_here = sys.platform.startswith("linux") and os.path.isdir("/dev/shm")
-    if transport in ("gloo", "nccl") or (transport == "auto" and (delta != "off" or not (cuda or shm_here))):
-        return TransportDataPlane(transport=transport, device=device, checksums=checksums, signer=signer, delta=delta)
-    if transport not in ("auto", "shm", "ipc"):
-        raise ValueError(f"transport must be auto, gloo, nccl, shm or ipc, got {transport!r}")
-    from weightbridge.transport.local_plane import LocalDataPlane
-
-    kind = transport if transport != "auto" else ("ipc" if cuda else "shm")
-    policy = "shared-gpu" if transport == "auto" and cuda else "host"
-    return LocalDataPlane(kind=kind, policy=policy, device=device, checksums=checksums, signer=signer, delta=delta)
 
 
 def check_data_plane(plane: Any) -> None:

@@ -39,13 +39,13 @@ from weightbridge.transport.group import wait_work
 from weightbridge.transport.wire import Transfer, chunk_bounds, wire_buffer
 
 if TYPE_CHECKING:
-    from weightbridge.transport.executor import Executor
+    from weightbridge.transport.run_context import RunContext
 
 
 class RoundComm:
     """The messages of one round of one rank; ``start()`` then ``finish()``, once each."""
 
-    def __init__(self, ex: Executor, round_index: int, transfers: list[Transfer]) -> None:
+    def __init__(self, ex: RunContext, round_index: int, transfers: list[Transfer]) -> None:
         self.ex = ex
         self.round_index = round_index
         self.coalesce = ex.group.backend == "nccl"

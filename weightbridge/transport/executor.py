@@ -201,7 +201,7 @@ class Executor:
         # sync.delta state (module docstring of transport.delta): per bucket of this rank, keyed by
         # (round, src_side, sender, receiver); dropped whenever a run fails.
         self._send: dict[tuple, wd.SendState] = {}
-        self._held: dict[tuple, int] = {}  # receiving: the version the destination holds for the bucket
+        self.held_versions: dict[tuple, int] = {}  # receiving: the version the destination holds for the bucket
         self._geo: dict[tuple, wd.Geometry] = {}
         self._marks: tuple | None = None  # the destination tensors after the last run (identity, version)
         self._runs = 0
@@ -260,14 +260,14 @@ class Executor:
         """Forget what was sent and held (the next run sends full buckets; a delta arriving meanwhile
         raises ``DeltaBaseMismatch``)."""
         self._send.clear()
-        self._held.clear()
+        self.held_versions.clear()
         self._marks = None
 
     def delta_cache_bytes(self) -> int:
         """Bytes this rank keeps of what it last sent (``delta``; 0 otherwise)."""
         return sum(st.cache.numel() for st in self._send.values() if st.cache is not None)
 
-    def _slab(self, i: int, nbytes: int | None = None) -> torch.Tensor:
+    def slab(self, i: int, nbytes: int | None = None) -> torch.Tensor:
         """Round ``i``'s slab; ``nbytes`` (a streaming run: :meth:`stream_slab_bytes`) means one slab of that size."""
         k = i % 2 if self.overlap != "off" and nbytes is None else 0
         need = self.slab_bytes if nbytes is None else nbytes
@@ -314,10 +314,10 @@ class Executor:
         self._slabs = [None, None]
 
     # -- bridge ranks -------------------------------------------------------
-    def _sender_bridge(self, b: Bucket) -> int:
+    def sender_bridge(self, b: Bucket) -> int:
         return self.group.bridge_rank(b.src_side, b.sender)
 
-    def _receiver_bridge(self, b: Bucket) -> int:
+    def receiver_bridge(self, b: Bucket) -> int:
         return self.group.bridge_rank(ROLLOUT, b.receiver)
 
     # -- checks -------------------------------------------------------------
@@ -407,7 +407,7 @@ class Executor:
         self._runs += 1
         version = self._runs if version is None else int(version)
         if self.delta != "off" and target is not None and self._marks != _marks(target, self._dst_names()):
-            self._held.clear()  # the destination was replaced or written by someone else: it holds nothing known
+            self.held_versions.clear()  # the destination was replaced or written by someone else: it holds nothing known
         self.streams.begin()
         try:
             with self.streams.use():

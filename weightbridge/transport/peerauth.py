@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from weightbridge._torch_compat import end_coalescing, start_coalescing
 from weightbridge.transport.errors import TransportError, classify
 from weightbridge.transport.group import BridgeGroup, wait_work
 
@@ -72,14 +73,14 @@ def authenticate_peers(
     coalesce = group.backend == "nccl"
     try:
         if coalesce:
-            pg._start_coalescing()
+            start_coalescing(pg)
         for p in peers:
             ws = pg.send([out[p]], p, AUTH_TAG)
             wr = pg.recv([got[p]], p, AUTH_TAG)
             if not coalesce:
                 works += [(ws, p, "sending the data-sender token"), (wr, p, "receiving the data-sender token")]
         if coalesce:
-            works.append((pg._end_coalescing(), peers[0], "the data-sender token batch"))
+            works.append((end_coalescing(pg), peers[0], "the data-sender token batch"))
     except TransportError:
         raise
     except Exception as exc:  # noqa: BLE001

@@ -52,7 +52,7 @@ from weightbridge.transport.stream import StreamTarget
 from weightbridge.transport.wire import Transfer, bucket_sum, read_trailer, resolve, wire_buffer, write_trailer
 
 if TYPE_CHECKING:
-    from weightbridge.transport.executor import Executor
+    from weightbridge.transport.run_context import RunContext
 
 
 @dataclass
@@ -107,7 +107,7 @@ class _Inline:
 class _OnStream:
     """A background worker thread whose every task runs with the executor's stream current (CUDA)."""
 
-    def __init__(self, ex: Executor) -> None:
+    def __init__(self, ex: RunContext) -> None:
         init = None
         if ex.streams.device.type == "cuda":
             dev = ex.streams.device
@@ -129,7 +129,7 @@ class _OnStream:
         self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
-def _worker(ex: Executor, rounds: int, streaming: bool = False) -> Any:
+def _worker(ex: RunContext, rounds: int, streaming: bool = False) -> Any:
     if ex.overlap != "thread" or rounds == 0 or streaming:
         return _Inline()
     return _OnStream(ex)
@@ -138,7 +138,7 @@ def _worker(ex: Executor, rounds: int, streaming: bool = False) -> Any:
 class RoundPipeline:
     """The state of one run: the source and target tensors, the stats, the worker and its futures."""
 
-    def __init__(self, ex: Executor, source: Mapping[str, torch.Tensor],
+    def __init__(self, ex: RunContext, source: Mapping[str, torch.Tensor],
                  target: Mapping[str, torch.Tensor] | None, version: int = 0, stream: StreamTarget | None = None) -> None:
         self.ex = ex
         self.version = version
@@ -247,11 +247,11 @@ class RoundPipeline:
         ridx, sends, recvs = ex.my_rounds[i]
         ts = time.perf_counter()
         stream = self.stream
-        slab = ex._slab(i, ex.stream_slab_bytes(stream.shapes) if stream is not None else None)
+        slab = ex.slab(i, ex.stream_slab_bytes(stream.shapes) if stream is not None else None)
         out: list[Transfer] = []
         off = 0
         for b in recvs:
-            tr = Transfer(b, ex._sender_bridge(b), False, ex.header + b.nbytes + ex.trailer)
+            tr = Transfer(b, ex.sender_bridge(b), False, ex.header + b.nbytes + ex.trailer)
             cap = ex.stream_capacity(ridx, b, stream.shapes) if stream is not None else ex.capacity(b)
             tr.buf = slab[off : off + min(cap, tr.nbytes)]
             off += cap
@@ -259,7 +259,7 @@ class RoundPipeline:
                 self.messages(ridx, tr, self.target)
             out.append(tr)
         for b in sends:
-            tr = Transfer(b, ex._receiver_bridge(b), True, ex.header + b.nbytes + ex.trailer)
+            tr = Transfer(b, ex.receiver_bridge(b), True, ex.header + b.nbytes + ex.trailer)
             tr.buf = slab[off : off + tr.nbytes]
             off += ex.capacity(b)
             if ex.delta == "off":
@@ -412,7 +412,7 @@ class RoundPipeline:
         if h.version != self.version:
             raise ex.group.error(MalformedBucket, tr.peer, ridx,
                                  f"bucket from {peer} carries version {h.version}, this rank receives {self.version}")
-        held = ex._held.pop(key, None)  # while it is written the destination holds no known version
+        held = ex.held_versions.pop(key, None)  # while it is written the destination holds no known version
         if h.kind == wd.DELTA and held != h.base:
             raise ex.group.error(
                 DeltaBaseMismatch, tr.peer, ridx,
@@ -423,6 +423,6 @@ class RoundPipeline:
             wd.decode_bucket(buf, b, ex.geometry(key, b), self.target, h)
         except ValueError as exc:
             raise ex.group.error(MalformedBucket, tr.peer, ridx, f"bucket from {peer}: {exc}") from None
-        ex._held[key] = self.version
+        ex.held_versions[key] = self.version
         with self.lock:
             self.stats.decode_seconds += time.perf_counter() - t0

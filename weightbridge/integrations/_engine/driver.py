@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations._engine.init_command import Prepared, prepare
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 WEIGHTS, KV_CACHE = "weights", "kv_cache"  # vLLM's and SGLang's memory tags
 
@@ -37,12 +40,12 @@ class InstanceDriver:
     """The engine-independent state of a driver of one rollout instance."""
 
     def _connect(self, spec: str | Path, *, host: str, port: int, instance: int, staging: bool | None, probe: str,
-                 cache_dir: str | None, timeout_s: float | None, options: Any) -> Prepared:
+                 cache_dir: str | None, options: BridgeOptions | None, moved: dict[str, Any]) -> Prepared:
         """Check the spec (its errors, with file:line, before any call) and open the instance's view."""
         from weightbridge.bridge import InstanceView
 
         prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+                           cache_dir=cache_dir, options=options, where=type(self).__name__, moved=moved)
         self.resolved = prepared.resolved
         self.instance = instance
         self.prefix = prepared.prefix

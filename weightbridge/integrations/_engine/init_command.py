@@ -33,12 +33,16 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weightbridge.errors import InitRefused
 from weightbridge.integrations._engine.hooks import HookRef, describe
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +90,21 @@ class Prepared:
 
 
 def prepare(spec: str | Path, *, host: str, port: int, instance: int = 0, staging: bool | None = None,
-            probe: str = "check", cache_dir: str | None = None, timeout_s: float | None = None,
-            options: Any = None) -> Prepared:
+            probe: str = "check", cache_dir: str | None = None, options: BridgeOptions | None = None,
+            where: str = "prepare", moved: Mapping[str, Any] | None = None) -> Prepared:
     """Validate ``spec`` (a path or YAML text) here, before any call to the engine, and build the
-    init command's fields.
+    init command's fields. ``moved``: keyword arguments the driver ``where`` got that moved (``timeout_s``:
+    the spec's ``sync.timeout_s``, as in ``from_spec``; a call's own wait is ``update(timeout_s=)``):
+    ``TypeError`` saying where each went.
 
     Raises the spec's errors (``file:line: $.path: message``), ``ValueError`` for options the
     workers cannot take (a ``data_plane``; an ``on_round`` that is not a registered test hook) and
     :class:`~weightbridge.errors.AuthError` when the spec requires a job secret and none is found.
     """
     from weightbridge.bridge import BridgeOptions, load_spec
+    from weightbridge.runtime.options import reject_moved
 
+    reject_moved(where, moved or {})
     options = options if options is not None else BridgeOptions()
     if options.data_plane is not None:
         raise ValueError("BridgeOptions.data_plane cannot reach the engine's worker processes")
@@ -108,7 +116,7 @@ def prepare(spec: str | Path, *, host: str, port: int, instance: int = 0, stagin
     resolved = load_spec(path if is_file else text)
     if not 0 <= instance < resolved.rollout.num_instances:
         raise ValueError(f"instance {instance} outside [0, {resolved.rollout.num_instances}) of the spec")
-    wait = float(timeout_s or resolved.sync.timeout_s)
+    wait = float(resolved.sync.timeout_s)
     fields = {
         "spec": text, "spec_name": str(spec) if is_file else "<spec>",
         "base_dir": str(path.resolve().parent) if is_file else str(Path.cwd()),

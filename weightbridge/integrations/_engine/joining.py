@@ -9,6 +9,7 @@ thread (vLLM: ``init_transfer_engine``; SGLang: the ``init`` command).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 from weightbridge.errors import EngineMismatch
 from weightbridge.integrations._engine import hooks
 from weightbridge.integrations._engine.init_command import InitGate, InitPayload
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,17 +66,29 @@ def admit(gate: InitGate, payload: Any, seal: Any, *, me: str, engine: str, inde
                     float(cmd.timeout_s or resolved.sync.timeout_s))
 
 
-def open_bridge(admitted: Admitted, tensors: dict[str, Any] | None, device: Any = None) -> Any:
-    """The worker's :class:`~weightbridge.bridge.RolloutBridge` over ``tensors`` (receive buffers), or
-    streaming (``tensors=None``: no buffers; each update writes into the sink its call gives) with its
-    tensors on ``device``."""
+def open_bridge(admitted: Admitted, device: Any = None) -> Any:
+    """The worker's :class:`~weightbridge.bridge.RolloutBridge`, streaming (no receive buffers: each update
+    writes into the sink its call gives) with its tensors on ``device``; logged as the worker's join."""
     from weightbridge.bridge import BridgeOptions, RolloutBridge
 
     cmd = admitted.cmd
-    return RolloutBridge.from_spec(
-        admitted.resolved, rank=admitted.layout.rank, tensors=tensors, host=cmd.host, port=cmd.port,
+    bridge = RolloutBridge.from_spec(
+        admitted.resolved, rank=admitted.layout.rank, tensors=None, host=cmd.host, port=cmd.port,
         staging=cmd.staging, device=device, options=BridgeOptions(prefix=cmd.prefix, on_round=admitted.on_round),
     )
+    log.info("weightbridge: %s joined (%d local tensors, staging=%s)", admitted.me, len(admitted.layout.tensors),
+             bridge.staging)
+    return bridge
+
+
+def written_shard(written: Mapping[str, Any], bridge: Any) -> dict[str, Any]:
+    """A worker's checkpoint-format shard as last written into its model (its ``buffers``): with test hooks,
+    ``written`` (the copies of what was written); else the bridge's staging copy (async: it may already hold
+    a newer, unapplied version); else nothing (a streaming worker keeps no copy)."""
+    if written:
+        return dict(written)
+    staging = bridge.staging_tensors if bridge is not None else None
+    return dict(staging) if staging else {}
 
 
 def poll_report(bridge: Any) -> dict[str, Any]:

@@ -27,10 +27,13 @@ import shutil
 import tempfile
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations._engine.driver import InstanceDriver
 from weightbridge.integrations.sglang.commands import LOADER, Command, encode, read_reply
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +165,8 @@ class SGLangWeightSync(InstanceDriver):
 
     def __init__(self, engine: Any, spec: str | Path, *, host: str, port: int, instance: int = 0,
                  staging: bool | None = None, probe: str = "check", cache_dir: str | None = None,
-                 timeout_s: float | None = None, options: Any = None, reply_dir: str | Path | None = "auto",
-                 flush_cache: bool = True, api_key: str | None = None) -> None:
+                 options: BridgeOptions | None = None, reply_dir: str | Path | None = "auto",
+                 flush_cache: bool = True, api_key: str | None = None, **moved: Any) -> None:
         """``engine``: an ``sglang.Engine`` (started with ``custom_weight_loader=[LOADER]``) or the URL
         of an SGLang HTTP server (started with ``--custom-weight-loader LOADER``). ``options``: the
         workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round`` only as a
@@ -176,7 +179,7 @@ class SGLangWeightSync(InstanceDriver):
         after each applied update. ``api_key``: the HTTP server's admin key (``--admin-api-key``),
         sent as a bearer token."""
         prepared = self._connect(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                                 cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+                                 cache_dir=cache_dir, options=options, moved=moved)
         self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
         self.flush_cache = flush_cache
         self._own_reply_dir = reply_dir == "auto"

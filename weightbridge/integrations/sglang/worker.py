@@ -155,19 +155,14 @@ class Receiver:
         from weightbridge.integrations._engine.joining import open_bridge
 
         self.record = hooks.enabled()
-        self.bridge = open_bridge(self.admitted, None, device=self.device)
-        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(self.admitted.layout.tensors),
-                 self.bridge.staging)
+        self.bridge = open_bridge(self.admitted, device=self.device)
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
-        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
-        of what was written; else the staging copy (async: it may already hold a newer, unapplied
-        version); else nothing (a streaming worker keeps no copy)."""
-        if self.written:
-            return dict(self.written)
-        staging = getattr(self.bridge, "_staging", None)
-        return dict(staging) if staging else {}
+        """The rank's checkpoint-format shard as last written into the model (``joining.written_shard``)."""
+        from weightbridge.integrations._engine.joining import written_shard
+
+        return written_shard(self.written, self.bridge)
 
     # -- ops ------------------------------------------------------------------------------------
     def op_update(self, cmd: Command) -> dict[str, Any]:

@@ -77,10 +77,16 @@ def register() -> None:
         from vllm.distributed.weight_transfer import WeightTransferEngineFactory
     except ImportError as exc:  # pragma: no cover - only without vLLM
         raise ImportError(INSTALL_HINT) from exc
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(
-            BACKEND, "weightbridge.integrations.vllm.engine", "WeightbridgeEngine"
-        )
+    from weightbridge._torch_compat import vllm_engine_registered
+
+    if not vllm_engine_registered(WeightTransferEngineFactory, BACKEND):
+        try:
+            WeightTransferEngineFactory.register_engine(
+                BACKEND, "weightbridge.integrations.vllm.engine", "WeightbridgeEngine"
+            )
+        except ValueError as exc:  # a vLLM without the registry we check: it refuses a duplicate itself
+            if "already registered" not in str(exc):
+                raise
 
 
 class WorkerExtension:

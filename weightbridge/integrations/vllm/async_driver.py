@@ -23,12 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations.vllm.protocol import BACKEND
 from weightbridge.integrations._engine.init_command import prepare
 from weightbridge.integrations._engine.driver import KV_CACHE, WEIGHTS
 from weightbridge.integrations.vllm.protocol import check_pause, label, update_info
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +51,8 @@ class AsyncVLLMWeightSync:
     @classmethod
     async def create(cls, engine: Any, spec: str | Path, *, host: str, port: int, instance: int = 0,
                      staging: bool | None = None, probe: str = "check", cache_dir: str | None = None,
-                     timeout_s: float | None = None, options: Any = None,
-                     initial_version: int | None = None) -> AsyncVLLMWeightSync:
+                     options: BridgeOptions | None = None, initial_version: int | None = None,
+                     **moved: Any) -> AsyncVLLMWeightSync:
         """Validate the spec here, then ``init_weight_transfer_engine`` on every worker (each joins the
         bridge as rollout rank ``instance * world_size + worker rank``). Arguments as
         :class:`~weightbridge.integrations.vllm.driver.VLLMWeightSync`; ``initial_version``: label the
@@ -65,7 +68,7 @@ class AsyncVLLMWeightSync:
                 f"AsyncEngineArgs(..., weight_transfer_config=WeightTransferConfig(backend={BACKEND!r}))"
             )
         prepared = prepare(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+                           cache_dir=cache_dir, options=options, where="AsyncVLLMWeightSync.create", moved=moved)
         view = await asyncio.to_thread(InstanceView.connect, prepared.resolved, instance, host=host, port=port,
                                        prefix=prepared.prefix, timeout_s=prepared.timeout_s)
         await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=prepared.sealed()))

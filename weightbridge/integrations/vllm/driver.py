@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations._engine.driver import InstanceDriver
 from weightbridge.integrations.vllm.protocol import BACKEND
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +36,14 @@ class VLLMWeightSync(InstanceDriver):
 
     def __init__(self, llm: Any, spec: str | Path, *, host: str, port: int, instance: int = 0,
                  staging: bool | None = None, probe: str = "check", cache_dir: str | None = None,
-                 timeout_s: float | None = None, options: Any = None) -> None:
+                 options: BridgeOptions | None = None, **moved: Any) -> None:
         """``options``: the workers' :class:`~weightbridge.bridge.BridgeOptions` (``prefix``; ``on_round``
         only as a registered test hook, which reaches the workers by name:
         :mod:`weightbridge.integrations._engine.hooks`; no ``data_plane``). The init command is
         sealed with the job secret (``secret``, ``$WEIGHTBRIDGE_SECRET`` or the spec's
         ``sync.secret_file``), which the workers check against their own environment's.
-        ``staging`` (default: the spec's) applies to every worker. ``timeout_s``: the default wait of
-        :meth:`update` (default: the spec's ``sync.timeout_s``)."""
+        ``staging`` (default: the spec's) applies to every worker. The default wait of :meth:`update` is
+        the spec's ``sync.timeout_s`` (``timeout_s=`` here is a ``TypeError`` saying so, as in ``from_spec``)."""
         backend = getattr(getattr(llm.llm_engine.vllm_config, "weight_transfer_config", None), "backend", None)
         if backend != BACKEND:
             raise ValueError(
@@ -48,7 +51,7 @@ class VLLMWeightSync(InstanceDriver):
                 f"LLM(..., weight_transfer_config=WeightTransferConfig(backend={BACKEND!r}))"
             )
         prepared = self._connect(spec, host=host, port=port, instance=instance, staging=staging, probe=probe,
-                                 cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+                                 cache_dir=cache_dir, options=options, moved=moved)
         self.llm = llm
         llm.init_weight_transfer_engine({"init_info": prepared.sealed()})
 

@@ -160,19 +160,14 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
         self.written, self.record = {}, hooks.enabled()
         self.fp8 = frozenset(t.name for t in admitted.layout.tensors if t.dtype == "float8_e4m3fn")
-        self.bridge = open_bridge(admitted, None, device=self.device)  # streams: no receive buffers
-        log.info("weightbridge: %s joined (%d local tensors, staging=%s)", self.me, len(admitted.layout.tensors),
-                 self.bridge.staging)
+        self.bridge = open_bridge(admitted, device=self.device)  # streams: no receive buffers
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
-        """The rank's checkpoint-format shard as last written into the model: with test hooks, the copies
-        of what was written; else the staging copy (async: it may already hold a newer, unapplied
-        version); else nothing (a streaming worker keeps no copy)."""
-        if self.written:
-            return dict(self.written)
-        staging = getattr(self.bridge, "_staging", None)
-        return dict(staging) if staging else {}
+        """The rank's checkpoint-format shard as last written into the model (``joining.written_shard``)."""
+        from weightbridge.integrations._engine.joining import written_shard
+
+        return written_shard(self.written, self.bridge)
 
     def _write(self, name: str, tensor: torch.Tensor) -> None:
         """The bridge's sink: one complete local tensor into vLLM's reload (inside an update session)."""

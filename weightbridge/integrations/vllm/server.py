@@ -41,11 +41,14 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightbridge.errors import BridgeError
 from weightbridge.integrations._engine.init_command import prepare
 from weightbridge.integrations.vllm.protocol import check_pause, label, update_info
+
+if TYPE_CHECKING:
+    from weightbridge.runtime.options import BridgeOptions
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +157,16 @@ class VLLMServers:
     """
 
     def __init__(self, urls: list[str], spec: str | Path, *, host: str, port: int, staging: bool | None = None,
-                 probe: str = "check", cache_dir: str | None = None, timeout_s: float | None = None,
-                 options: Any = None, pause: str = "keep", clear_cache: bool = True,
-                 http_timeout_s: float | None = None, store: Any = None) -> None:
+                 probe: str = "check", cache_dir: str | None = None, options: BridgeOptions | None = None,
+                 pause: str = "keep", clear_cache: bool = True, http_timeout_s: float | None = None,
+                 store: Any = None, **moved: Any) -> None:
         from weightbridge.bridge import InstanceView
 
         if not urls:
             raise ValueError("no server URLs")
         self.pause, self.clear_cache = check_pause(pause), clear_cache
         prepared = prepare(spec, host=host, port=port, instance=0, staging=staging, probe=probe,
-                           cache_dir=cache_dir, timeout_s=timeout_s, options=options)
+                           cache_dir=cache_dir, options=options, where="VLLMServers", moved=moved)
         resolved = prepared.resolved
         if len(urls) != resolved.rollout.num_instances:
             raise ValueError(f"{len(urls)} server URLs for the spec's {resolved.rollout.num_instances} rollout "
