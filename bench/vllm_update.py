@@ -315,7 +315,7 @@ def fp8_split(path: Path, spec: str) -> dict:
 MAX_WIRE_RATIO = 0.51  # issue 30: FP8 + scales at most 51% of the bf16 bytes, over the whole update
 # the share of the bf16 bytes that is never quantised (embeddings, lm_head, norms, routers) in the FP8
 # models the issue names: the bench's default model (vocab 256) keeps about 1%, more than these
-REAL_SHARES = "DeepSeek-V3 0.28%, Kimi-K2 0.23%, Qwen3-235B 0.53%"
+REAL_SHARES = "their embeddings + lm_head: DeepSeek-V3 0.28%, Kimi-K2 0.23%, Qwen3-235B 0.53%"
 
 
 def finish_fp8(args: argparse.Namespace, rows: list, split: dict) -> int:
@@ -352,6 +352,8 @@ def finish_fp8(args: argparse.Namespace, rows: list, split: dict) -> int:
         print(f"bf16 in both modes (not quantised): {', '.join(split['bf16_tensors'])}: "
               f"{split['bf16_bytes'] / 1e6:.2f} MB = {out['bf16_share']:.2%} of the bf16 update (vocab {args.vocab}; "
               f"{REAL_SHARES}); the whole-update ratio below counts them")
+        if split["plan_wire_bytes"] != out["fp8_wire_bytes"]:
+            print(f"FAIL: the trainers sent {out['fp8_wire_bytes']} bytes, the plan says {split['plan_wire_bytes']}")
         if out["wire_ratio"] > MAX_WIRE_RATIO:
             print(f"FAIL: fp8/bf16 wire bytes {out['wire_ratio']:.4f} > {MAX_WIRE_RATIO}")
     print(f"fp8/bf16 wire bytes = {out['wire_ratio']:.3f}; bitwise {out['bitwise']}",
