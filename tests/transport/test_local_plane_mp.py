@@ -3,7 +3,7 @@
 FSDP2 dp2 -> vLLM-layout TP2 over ``sync.transport: shm``; trainer 1 is stated to be on another host, so
 a push mixes the shared-memory pairs (trainer 0) with Gloo pairs (trainer 1). The rollout ranks stream
 (tensors given as shapes only): every local tensor reaches the sink exactly once per version, complete
-and bitwise. ~10 s on 2 cores.
+and bitwise. ~15 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from weightbridge.localrun import launch
 from weightbridge.transport.segment import SHM_DIR
 from weightbridge.transport.store import open_store
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs /dev/shm")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow,
+              pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs /dev/shm")]
 
 SPEC = """
 version: 1
