@@ -25,13 +25,14 @@ HOST = "127.0.0.1"
 TYPED = (BridgeError, TransportError)
 
 
-def spec(mode: str = "async", round_bytes: str = "64KiB", timeout_s: float = 20.0, dedup: str = "auto") -> str:
+def spec(mode: str = "async", round_bytes: str = "64KiB", timeout_s: float = 20.0, dedup: str = "auto",
+         transport: str = "gloo") -> str:
     """Instance 0 never joins: every push waits for one instance (``min_instances: 1``)."""
     return (
         "version: 1\nmodel: {bundled: tiny-qwen2}\ntrainer: {preset: fsdp2, mesh: {dp: 1}}\n"
         "rollout: {preset: vllm, instances: 2, mesh: {tp: 2}}\n"
         f"sync: {{mode: {mode}, max_staleness: 1, round_bytes: {round_bytes}, timeout_s: {timeout_s}, "
-        f"heartbeat_s: 0.2, min_instances: 1, receiver_dedup: {dedup}}}\n"
+        f"heartbeat_s: 0.2, min_instances: 1, receiver_dedup: {dedup}, transport: {transport}}}\n"
     )
 
 

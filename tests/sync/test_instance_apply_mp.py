@@ -10,6 +10,7 @@ import pytest
 
 import sync_instance_workers as W
 from weightbridge.localrun import launch
+from weightbridge.tensors import empty_like_layout
 from weightbridge.transport.store import open_store
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -73,10 +74,13 @@ def test_after_a_membership_change_a_transport_error_names_the_spec_rank():
 
 
 # -- streaming ranks (tensors=None): the engine is written during the receive --------------------------
-def test_streaming_ranks_write_each_version_into_the_engine_during_the_receive_bitwise():
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_streaming_ranks_write_each_version_into_the_engine_during_the_receive_bitwise(transport):
     """In place, no live tensors: every local tensor goes to the sink once per version, complete and
-    bitwise; the ranks keep no wire slab between updates and never held the whole shard at once."""
-    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off")
+    bitwise; the ranks keep no wire slab between updates and never held the whole shard at once. Over
+    ``shm`` (the colocated plane, every pair on this host) the ranks stream straight from the trainer's
+    slab, allocating no slab of their own."""
+    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off", transport=transport)
     wants = [(1, 15.0), (2, 15.0)]
     res = run([
         ("trainer", text, 0, {"versions": [1, 2], "linger_key": "test/done/3"}),
@@ -90,7 +94,12 @@ def test_streaming_ranks_write_each_version_into_the_engine_during_the_receive_b
         assert [s[1:5] for s in states] == [(1, False, 1, ntensors), (2, False, 2, ntensors)]
         mem = states[-1][5]
         assert mem["wire_held"] == 0 and mem["staging"] == 0
-        assert 0 < mem["stream_last"] and 0 < mem["wire_last"] <= 16 << 10
+        shard = sum(t.numel() * t.element_size() for t in empty_like_layout(W.load_spec(text).rollout.ranks[2]).values())
+        assert 0 < mem["stream_last"] < shard  # one round's tensors at a time, never the shard
+        if transport == "gloo":
+            assert 0 < mem["wire_last"] <= 16 << 10
+        else:
+            assert mem["wire_last"] == 0  # it read the trainer's slab
 
 
 def test_a_streaming_rank_whose_instance_does_not_apply_what_it_wrote_is_torn_until_the_next_push():

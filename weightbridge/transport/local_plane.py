@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from weightbridge.plan.streaming import covered_tensors, rank_rounds, stream_schedule
 from weightbridge.plan.types import ROLLOUT, Round
 from weightbridge.sync.dataplane import RunStats, TransportDataPlane
 from weightbridge.sync.locality import all_local, local_peers
@@ -37,6 +38,7 @@ from weightbridge.transport.local_channel import LocalChannel
 from weightbridge.transport.local_io import RecordIO
 from weightbridge.transport.local_slab import slabs_for
 from weightbridge.transport.segment import SHM_DIR, job_tag
+from weightbridge.transport.stream import StreamTarget
 
 __all__ = ["LocalDataPlane"]
 
@@ -101,18 +103,49 @@ class LocalDataPlane:
 
     def run(self, plan: Any, *, side: str, rank: int, tensors: Mapping[str, torch.Tensor],
             dst: Mapping[str, torch.Tensor] | None, tag: str, on_round: Callable[[int], None] | None = None,
-            version: int = 0) -> RunStats:
+            version: int = 0, stream: Callable[[str, torch.Tensor], None] | None = None) -> RunStats:
+        """One push (the :class:`~weightbridge.sync.dataplane.DataPlane` contract). ``stream`` (a streaming
+        rollout rank: ``tensors`` give shapes only): each local tensor goes to ``stream(name, tensor)`` once
+        complete (:mod:`weightbridge.transport.stream`); every pair local: as its rounds are unpacked, one
+        round's tensors alive at a time; some pairs remote: after both parts ended (the wire's thread and
+        the channel write into one destination: every tensor of the rank is allocated for the run)."""
         if self.channel is None:
             raise RuntimeError("run() before connect()")
-        if not self.all_local and plan.receiver_dedup:
+        if not self.all_local and plan.receiver_dedup:  # everything on the wire (module docstring): it streams
+            extra = {} if stream is None else {"stream": stream}
             return self.wire.run(plan, side=side, rank=rank, tensors=tensors, dst=dst, tag=tag, on_round=on_round,
-                                 version=version)
+                                 version=version, **extra)
+        feed = _stream_target(plan, rank, tensors, self.device, stream) if stream is not None else None
+        if feed is not None:
+            if side != ROLLOUT:
+                raise ValueError("a streaming receive is for rollout ranks")
+            dst = feed
+        try:
+            stats = self._run(plan, side, rank, tensors, dst, tag, on_round, version, feed)
+        except BaseException:
+            if feed is not None:
+                feed.drop()
+            raise
+        if feed is None:
+            return stats
+        feed.finish()
+        return stats._replace(stream_bytes=feed.peak_bytes)
+
+    def _run(self, plan: Any, side: str, rank: int, tensors: Mapping[str, torch.Tensor],
+             dst: Mapping[str, torch.Tensor] | None, tag: str, on_round: Callable[[int], None] | None, version: int,
+             feed: Any) -> RunStats:
         import time
 
         t0 = time.perf_counter()
         remote = None if self.all_local else _remote_plan(plan, side, rank, self.local, self.wire_roster())
         parts = [self._local_rounds(plan, side, rank)] + ([_rounds_of(remote, side, rank)] if remote else [])
         joined = _RoundJoin(on_round, parts) if on_round is not None else None
+        local_hook = None if joined is None else joined.hook(0)
+        if feed is not None and remote is None:  # streaming as the channel's rounds end, on this thread
+            feed.after_round(-1)
+            local_hook = _streaming_hook(feed, local_hook)
+        elif feed is not None:
+            feed.allocate()
         box: dict[str, Any] = {}
         thread = None
         if remote is not None:
@@ -128,7 +161,7 @@ class LocalDataPlane:
             thread.start()
         try:
             local = self.channel.run(plan, side=side, rank=rank, tensors=tensors, dst=dst, version=version,
-                                     on_round=None if joined is None else joined.hook(0))
+                                     on_round=local_hook)
         except BaseException:
             if thread is not None:
                 self.wire.close(abort=True)
@@ -139,14 +172,28 @@ class LocalDataPlane:
             if "error" in box:
                 raise box["error"]
         wire = box.get("stats")
-        if side == ROLLOUT and plan.local_copies:
+        if side == ROLLOUT and plan.local_copies and (feed is None or remote is not None):  # a stream ran its own
             apply_local_copies(plan.local_copies, dst if dst is not None else tensors, rank=rank)
         return RunStats(local.bytes_sent + (wire.bytes_sent if wire else 0),
                         local.bytes_received + (wire.bytes_received if wire else 0),
                         time.perf_counter() - t0,
                         local.slab_sent + (wire.wire_sent if wire else 0),
                         local.slab_received + (wire.wire_received if wire else 0),
-                        wire.delta_buckets if wire else 0)
+                        wire.delta_buckets if wire else 0,
+                        self._own_slab() + (max(wire.wire_buffer_bytes, 0) if wire else 0))
+
+    def _own_slab(self) -> int:
+        """Bytes of this rank's exported slab (a sender's; a reader maps the senders' and allocates none)."""
+        slab = self.channel.slab if self.channel is not None else None
+        return 0 if slab is None else slab.numel() * slab.element_size()
+
+    def held_bytes(self) -> int:
+        """Slab bytes this rank keeps between runs: its exported slab (for the epoch) and the wire's."""
+        return self._own_slab() + (0 if self.all_local else self.wire.held_bytes())
+
+    def release_buffers(self) -> None:
+        """Free the wire's kept slabs (the exported slab lives for the epoch: readers map it)."""
+        self.wire.release_buffers()
 
     def wire_roster(self) -> Any:
         return self.channel.io.roster if self.channel is not None else None
@@ -166,6 +213,40 @@ class LocalDataPlane:
         if channel is not None:
             channel.close(abort=abort)
         self.wire.close(abort=abort)
+
+
+class _Feed(StreamTarget):
+    """A streaming rank's destination (:class:`~weightbridge.transport.stream.StreamTarget`) that also
+    knows each round's position among the rank's rounds, and can allocate every tensor up front (a run
+    whose parts write from two threads)."""
+
+    def __init__(self, *args: Any, positions: dict[int, int]) -> None:
+        super().__init__(*args)
+        self.positions = positions
+
+    def allocate(self) -> None:
+        for name in self.plan.order:
+            self[name]  # noqa: B018 - allocates it
+
+
+def _stream_target(plan: Any, rank: int, shapes: Mapping[str, torch.Tensor], device: torch.device,
+                   write: Callable[[str, torch.Tensor], None]) -> _Feed:
+    mine = rank_rounds(plan, rank)
+    copies = [c for c in plan.local_copies if c.rank == rank]
+    return _Feed(shapes, covered_tensors(mine, copies, {n: t.numel() for n, t in shapes.items()}), device,
+                 stream_schedule(mine, copies), write, positions={ridx: pos for pos, (ridx, _, _) in enumerate(mine)})
+
+
+def _streaming_hook(feed: _Feed, then: Callable[[int], None] | None) -> Callable[[int], None]:
+    """The channel's ``on_round``: hand over what round ``r`` completed, then call ``then(r)``."""
+    def hook(ridx: int) -> None:
+        pos = feed.positions.get(ridx)
+        if pos is not None:
+            feed.after_round(pos)
+        if then is not None:
+            then(ridx)
+
+    return hook
 
 
 def _remote_plan(plan: Any, side: str, rank: int, local: frozenset[int], roster: Roster) -> Any:

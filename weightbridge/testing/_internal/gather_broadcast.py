@@ -53,44 +53,56 @@ class GatherBroadcast:
     def run(self) -> int:
         """Move every canonical tensor; returns the bytes this rank received (gathered or broadcast)."""
         moved = 0
-        S = self.r.trainer.world_size
-        side, rank, local, by_name_t, tdtype = self.side, self.rank, self.local, self.by_name_t, self.dtype
         for ct in self.r.canonical:
-            numel = [sum(_numel(p.canonical_box) for _, p in by_name_t[t].get(ct.name, [])) for t in range(S)]
-            on_0 = by_name_t[0].get(ct.name, [])
-            full_on_0 = numel[0] == math.prod(ct.shape) and len({p.canonical_box for _, p in on_0}) == len(on_0)
             full = None
-            if side == "trainer":
-                if full_on_0:
-                    if rank == 0:
-                        full = torch.empty(ct.shape, dtype=tdtype)
-                        for tname, p in on_0:
-                            full[_sl(p.canonical_box)] = read_canonical(local[tname], p.local_box, p.transpose,
-                                                                        box_shape(p.canonical_box))
-                else:
-                    parts = [read_canonical(local[tname], p.local_box, p.transpose, box_shape(p.canonical_box)).reshape(-1)
-                             for tname, p in by_name_t[rank].get(ct.name, [])]
-                    flat = torch.cat(parts) if parts else torch.empty(0, dtype=tdtype)
-                    pad = max(numel)
-                    send = torch.zeros(pad, dtype=tdtype)
-                    send[: flat.numel()] = flat
-                    outs = [torch.empty(pad, dtype=tdtype) for _ in range(S)]
-                    self.tgroup.allgather([outs], [send]).wait()
-                    moved += (S - 1) * pad * send.element_size()
-                    if rank == 0:
-                        full = torch.empty(ct.shape, dtype=tdtype)
-                        for t in range(S):
-                            off = 0
-                            for _, p in by_name_t[t].get(ct.name, []):
-                                n = _numel(p.canonical_box)
-                                full[_sl(p.canonical_box)] = outs[t][off: off + n].view(box_shape(p.canonical_box))
-                                off += n
+            if self.side == "trainer":
+                full, n = self.gather(ct)
+                moved += n
             if self.bgroup is not None:
                 if full is None:
-                    full = torch.empty(ct.shape, dtype=tdtype)
+                    full = torch.empty(ct.shape, dtype=self.dtype)
                 self.bgroup.broadcast(full, 0).wait()
-                if side == "rollout":
+                if self.side == "rollout":
                     moved += full.numel() * full.element_size()
-                    for tname, p in self.mine.get(ct.name, []):
-                        write_canonical(local[tname], p.local_box, p.transpose, full[_sl(p.canonical_box)])
+                    self.scatter(ct, full)
         return moved
+
+    def gather(self, ct: Any, into: torch.Tensor | None = None) -> tuple[torch.Tensor | None, int]:
+        """Trainer ranks (all together): canonical tensor ``ct`` whole on trainer rank 0 (written into
+        ``into`` when given; None elsewhere) and the bytes this rank received for it."""
+        S, rank, local, by_name_t, tdtype = self.r.trainer.world_size, self.rank, self.local, self.by_name_t, self.dtype
+        moved = 0
+        numel = [sum(_numel(p.canonical_box) for _, p in by_name_t[t].get(ct.name, [])) for t in range(S)]
+        on_0 = by_name_t[0].get(ct.name, [])
+        full_on_0 = numel[0] == math.prod(ct.shape) and len({p.canonical_box for _, p in on_0}) == len(on_0)
+        full = None
+        if full_on_0:
+            if rank == 0:
+                full = into if into is not None else torch.empty(ct.shape, dtype=tdtype)
+                for tname, p in on_0:
+                    full[_sl(p.canonical_box)] = read_canonical(local[tname], p.local_box, p.transpose,
+                                                                box_shape(p.canonical_box))
+            return full, moved
+        parts = [read_canonical(local[tname], p.local_box, p.transpose, box_shape(p.canonical_box)).reshape(-1)
+                 for tname, p in by_name_t[rank].get(ct.name, [])]
+        flat = torch.cat(parts) if parts else torch.empty(0, dtype=tdtype)
+        pad = max(numel)
+        send = torch.zeros(pad, dtype=tdtype)
+        send[: flat.numel()] = flat
+        outs = [torch.empty(pad, dtype=tdtype) for _ in range(S)]
+        self.tgroup.allgather([outs], [send]).wait()
+        moved += (S - 1) * pad * send.element_size()
+        if rank == 0:
+            full = into if into is not None else torch.empty(ct.shape, dtype=tdtype)
+            for t in range(S):
+                off = 0
+                for _, p in by_name_t[t].get(ct.name, []):
+                    n = _numel(p.canonical_box)
+                    full[_sl(p.canonical_box)] = outs[t][off: off + n].view(box_shape(p.canonical_box))
+                    off += n
+        return full, moved
+
+    def scatter(self, ct: Any, full: torch.Tensor) -> None:
+        """A rollout rank: its parts of canonical tensor ``ct`` from the whole tensor ``full``."""
+        for tname, p in self.mine.get(ct.name, []):
+            write_canonical(self.local[tname], p.local_box, p.transpose, full[_sl(p.canonical_box)])

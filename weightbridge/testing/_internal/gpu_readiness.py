@@ -5,7 +5,7 @@
     python bench/gpu_readiness.py --dry-run         # CPU: the script itself (CI runs it)
 
 Writes ``gpu_readiness.json`` and ``gpu_readiness.log`` under ``--out`` and exits 0 when every stage
-passed (``cuda_ipc`` may be SKIPPED until it exists). Stages, each in fresh processes under its own
+passed. Stages, each in fresh processes under its own
 deadline, within one budget (``--budget-s``, 480 s):
 
 1. ``versions``: Python, torch, CUDA, NCCL, the GPU (name, memory, UUID), this host's identity, the
@@ -21,7 +21,10 @@ deadline, within one budget (``--budget-s``, 480 s):
 6. ``two_ranks_one_gpu``: two bridge ranks on the one GPU with ``transport: auto`` (NCCL): both must
    refuse in the handshake with ``DeviceConflict``; then what NCCL itself does with such a group
    (informational);
-7. ``cuda_ipc``: placeholder for the shared-memory transport's two-process CUDA IPC stage (issue 29).
+7. ``cuda_ipc``: a trainer and a rollout bridge rank as two processes on the one GPU with
+   ``sync.transport: ipc`` (the colocated data plane: one exported slab per sender, the receiver's
+   mapping cached), three versions bitwise, no ``/dev/shm`` segment left (dry run: ``shm``, the same
+   protocol through ``/dev/shm``).
 
 ``--dry-run`` runs every stage's code on CPU with stand-ins (the loopback NCCL, a recording stand-in
 for CUDA streams, a stated GPU identity) and small sizes: it validates the script, not the GPU.
@@ -163,14 +166,81 @@ def stage_two_ranks(cfg: dict, out: Path, limit_s: float) -> dict:
     return res
 
 
-# ---------------------------------------------------------------------------------------------------------
-# STAGE "cuda_ipc": PLACEHOLDER for the shared-memory transport (issue 29). Two processes on this one GPU
-# move a plan through CUDA IPC (one exported slab per sender, interprocess events, the receiver's mapping
-# cached), compared bitwise; with --dry-run the same protocol through /dev/shm. Replace the body below; keep
-# the signature and the result's shape ({"status": ..., ...}); its time comes out of the budget in STAGES.
-# ---------------------------------------------------------------------------------------------------------
+# -- 7. two processes on one GPU through CUDA IPC -------------------------------------------------------------
+IPC_VERSIONS = (1, 2, 3)
+
+
+def ipc_rank(cfg: dict) -> dict:
+    """A trainer or rollout bridge rank of :data:`SPEC_PAIR` with ``sync.transport: ipc`` on the one GPU (dry:
+    ``shm`` on CPU, the same protocol through ``/dev/shm``): the trainer pushes :data:`IPC_VERSIONS`, the
+    rollout rank receives each one and compares it bitwise with the canonical weights of that version."""
+    from weightbridge.bridge import RolloutBridge, TrainerBridge, load_spec
+    from weightbridge.tensors import canonical_tensors, empty_like_layout, layout_mismatches, materialize
+    from weightbridge.transport.store import open_store
+
+    transport = "shm" if cfg["dry"] else "ipc"
+    r = load_spec(SPEC_PAIR.replace("heartbeat_s: 0.2}", f"heartbeat_s: 0.2, transport: {transport}}}"))
+    dev = torch.device("cpu") if cfg["dry"] else torch.device("cuda", 0)
+    store = open_store("127.0.0.1", cfg["port"], is_master=False, timeout_s=10)
+    res: dict[str, Any] = {"side": cfg["side"], "transport": transport, "versions": [], "mismatches": []}
+    if cfg["side"] == "trainer":
+        layout = r.trainer.ranks[0]
+        tensors = materialize(layout, canonical_tensors(r.canonical, seed=0), device=dev)
+        bridge = TrainerBridge.from_spec(r, rank=0, tensors=tensors, store=store)
+        try:
+            for v in IPC_VERSIONS:
+                fresh = materialize(layout, canonical_tensors(r.canonical, seed=v), device=dev)
+                with torch.no_grad():
+                    for name, t in tensors.items():
+                        t.copy_(fresh[name])
+                stats = bridge.push(v)
+                res["versions"].append(v)
+                res.setdefault("push_s", []).append(round(stats.seconds, 4))
+            plane = bridge.data_plane
+            res["plane"] = [type(plane).__name__, getattr(plane, "kind", None), getattr(plane, "all_local", None)]
+        finally:
+            bridge.close()
+        return res
+    layout = r.rollout.ranks[0]
+    tensors = empty_like_layout(layout, device=dev)
+    bridge = RolloutBridge.from_spec(r, rank=0, tensors=tensors, store=store, staging=False)
+    try:
+        deadline = time.monotonic() + cfg["wait_s"]
+        while (bridge.version or 0) < IPC_VERSIONS[-1] and time.monotonic() < deadline:
+            if bridge.poll():
+                v = bridge.apply()
+                want = canonical_tensors(r.canonical, seed=v)
+                res["versions"].append(v)
+                res["mismatches"] += layout_mismatches(layout, {k: t.cpu() for k, t in tensors.items()}, want)
+            else:
+                time.sleep(0.005)
+    finally:
+        bridge.close()
+    return res
+
+
 def stage_cuda_ipc(cfg: dict, out: Path, limit_s: float) -> dict:
-    return {"status": "SKIPPED", "reason": "not built yet: the shared-memory transport (issue 29) adds this stage"}
+    """Trainer and rollout bridge ranks as two processes on the one GPU, ``transport: ipc`` (one exported
+    slab per sender, the receiver's mapping cached; dry run: ``shm``): every version bitwise, no wire group,
+    no ``/dev/shm`` segment of the job left afterwards."""
+    from weightbridge.localrun import ensure_env_secret
+    from weightbridge.sync.auth import Signer
+    from weightbridge.transport.segment import SHM_DIR, job_tag, segments
+    from weightbridge.transport.store import open_store
+
+    tag = job_tag(Signer(ensure_env_secret().encode()))
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=60)
+    method = "forkserver" if cfg["dry"] else "spawn"
+    args = [({**cfg, "side": side, "port": store.port, "wait_s": limit_s / 2 - 5},) for side in ("trainer", "rollout")]
+    results = launch(ipc_rank, args, timeout_s=limit_s / 2, start_method=method)
+    got = [res.value if res.ok else {"error": "no result", "message": (res.traceback or "")[-800:] or
+                                     f"exit {res.exitcode}"} for res in results]
+    left = segments(SHM_DIR, tag)
+    want = list(IPC_VERSIONS)
+    ok = (all(g.get("versions") == want and not g.get("mismatches") for g in got)
+          and got[0].get("plane") == ["LocalDataPlane", "shm" if cfg["dry"] else "ipc", True] and not left)
+    return {"status": "PASS" if ok else "FAIL", "ranks": got, "segments_left": left,
+            "expected": f"versions {want} bitwise on the rollout rank through the local plane, no segment left"}
 
 
 # (name, function, seconds at most, runs in a launched process of its own)
@@ -181,7 +251,7 @@ STAGES: list[tuple[str, Any, float, bool]] = [
     ("micro", gpu_stages.stage_micro, 75, True),
     ("cuda_gloo", stage_cuda_gloo, 120, False),
     ("two_ranks_one_gpu", stage_two_ranks, 60, False),
-    ("cuda_ipc", stage_cuda_ipc, 0, False),
+    ("cuda_ipc", stage_cuda_ipc, 60, False),
 ]
 
 
@@ -212,7 +282,7 @@ def run(args: argparse.Namespace) -> dict:
             say(f"{name}: FAIL (budget spent)")
             continue
         limit_s = min(limit, left)
-        say(f"{name}: running (at most {limit_s:.0f} s)" if limit else f"{name}: placeholder")
+        say(f"{name}: running (at most {limit_s:.0f} s)")
         t0 = time.monotonic()
         try:
             res = _launched(fn, cfg, limit_s) if own_process else fn(cfg, out, limit_s)

@@ -81,9 +81,9 @@ WRONG_QKV_RULES: list[dict[str, Any]] = [
 
 def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
-              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5) -> dict[str, Any]:
+              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5, transport: str = "gloo") -> dict[str, Any]:
     """The selfcheck's spec: FSDP2 dp2 (or Megatron, :data:`MEGATRON_MESH`) trainer (float32) ->
-    vLLM TP ``tp`` (``instances`` engines)."""
+    vLLM TP ``tp`` (``instances`` engines), bytes over ``transport`` (``shm``: the colocated data plane)."""
     trainer: dict[str, Any] = {"preset": "fsdp2", "mesh": {"dp": 2}}
     if trainer_kind == "megatron":
         trainer = {"preset": "megatron", "mesh": dict(MEGATRON_MESH[kind]), "params": dict(MEGATRON_PARAMS)}
@@ -99,17 +99,17 @@ def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
         "model": {"config": f"{Path(model_dir).resolve()}/config.json"},
         "trainer": trainer,
         "rollout": rollout,
-        "sync": {"mode": mode, "max_staleness": 1, "round_bytes": "64MiB", "transport": "gloo",
+        "sync": {"mode": mode, "max_staleness": 1, "round_bytes": "64MiB", "transport": transport,
                  "timeout_s": timeout_s, "heartbeat_s": heartbeat_s},
     }
 
 
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
-              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5) -> str:
+              trainer_kind: str = "fsdp2", heartbeat_s: float = 0.5, transport: str = "gloo") -> str:
     """:func:`spec_data` as YAML."""
     data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances,
-                     trainer_kind=trainer_kind, heartbeat_s=heartbeat_s)
+                     trainer_kind=trainer_kind, heartbeat_s=heartbeat_s, transport=transport)
     side = "FSDP2 dp2" if trainer_kind == "fsdp2" else f"Megatron-Core {MEGATRON_MESH[kind]}"
     head = f"# {kind}: {side} trainer (float32) -> vLLM TP{tp}, {mode} mode (weightbridge selfcheck).\n"
     return head + yaml.safe_dump(data, sort_keys=False)
@@ -230,7 +230,9 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
                         stats = servers.push(bridge, version, tensors=trainer.tensors())
                     else:
                         stats = bridge.push(version, tensors=trainer.tensors())
+                    plane = getattr(bridge, "data_plane", None)  # which data plane moved it (shm: all local?)
                     records.append({"phase": phase["prefix"], "version": version, "loss": loss,
+                                    "plane": type(plane).__name__, "all_local": getattr(plane, "all_local", None),
                                     "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
                                     "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
             finally:
@@ -309,10 +311,12 @@ def generate(llm: Any, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) 
 
 def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("sync", "async"), steps: int = 3,
         timeout_s: float = 120.0, check_wrong_spec: bool = True, log: Any = print,
-        trainer_kind: str = "fsdp2") -> dict[str, Any]:
+        trainer_kind: str = "fsdp2", transport: str = "gloo") -> dict[str, Any]:
     """The whole loop; returns a report (per applied version: mismatches, generations, timings).
 
     ``trainer_kind``: ``"fsdp2"`` or ``"megatron"`` (Megatron-Core ranks at :data:`MEGATRON_MESH`).
+    ``transport``: the spec's ``sync.transport`` (``shm``: trainer ranks and vLLM's workers, separate
+    processes of this host, share the bytes through ``/dev/shm`` slabs).
 
     Call from the main module under ``if __name__ == "__main__":``. Every wait is bounded: the
     trainer ranks are killed at ``timeout_s * (steps + 2)`` and each update waits ``timeout_s``.
@@ -335,10 +339,11 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
     (model_dir / "greedy.json").write_text("null")
     for mode in modes:  # for `weightbridge diff` against the probe cache afterwards
         (workdir / f"spec_{mode}.yaml").write_text(spec_text(kind, model_dir, tp, mode, timeout_s,
-                                                             trainer_kind=trainer_kind))
+                                                             trainer_kind=trainer_kind, transport=transport))
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
     phases = [{"mode": m, "prefix": f"wb-{m}", "steps": steps,
-               "spec": spec_text(kind, model_dir, tp, m, timeout_s, trainer_kind=trainer_kind)} for m in modes]
+               "spec": spec_text(kind, model_dir, tp, m, timeout_s, trainer_kind=trainer_kind,
+                                transport=transport)} for m in modes]
     job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(workdir),
            "phases": phases, "timeout_s": timeout_s, "kind": kind, "trainer_kind": trainer_kind}
     trainer_results: list[Any] = []
@@ -385,7 +390,7 @@ def run(kind: str, tp: int, workdir: str | Path, *, modes: tuple[str, ...] = ("s
         # next call, so an engine whose init failed should be restarted, not reused.
         if check_wrong_spec:  # the engine's loader is the truth: a spec that disagrees fails at init
             wrong = spec_text(kind, model_dir, tp, "sync", timeout_s, rollout_rules=WRONG_QKV_RULES,
-                              trainer_kind=trainer_kind)
+                              trainer_kind=trainer_kind, transport=transport)
             try:
                 VLLMWeightSync(llm, wrong, host="127.0.0.1", port=master.port, options=BridgeOptions(prefix="wb-wrong"))
                 report["wrong_spec_error"] = None
