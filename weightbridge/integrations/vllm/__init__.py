@@ -39,6 +39,7 @@ which probes vLLM's own ``load_weights`` once, joins the bridge as rollout rank
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations.vllm.protocol import BACKEND  # defined beside the protocol's values (no cycle)
@@ -171,7 +172,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-try:  # registering on import is what makes worker_extension_cls work without the entry point
-    register()
-except ImportError:
-    pass
+# Registering on import is what makes ``worker_extension_cls`` work without the entry point: vLLM
+# imports that class in its workers, where vLLM is already loaded. A process that has not loaded
+# vLLM (the trainer importing the HTTP-only VLLMServers) must not pay for importing it here (~5 s).
+if "vllm" in sys.modules:
+    try:
+        register()
+    except ImportError:
+        pass

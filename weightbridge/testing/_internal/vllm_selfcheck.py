@@ -222,13 +222,18 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
                                       greedy_too=job.get("greedy", not job.get("go_key")))
                     t2 = time.perf_counter()
                     wall0 = time.time()
+                    control = None
                     if servers is not None:  # push and make it live on the `vllm serve` processes
+                        routes = phase.get("pause_routes") or [servers.pause_route]  # the bench alternates them
+                        servers.pause_route = routes[(version - 1) % len(routes)]
                         stats = servers.push(bridge, version, tensors=trainer.tensors())
+                        control = {"pause_route": servers.pause_route, **servers.last_update_s[0]}
                     else:
                         stats = bridge.push(version, tensors=trainer.tensors())
                     records.append({"phase": phase["prefix"], "version": version, "loss": loss,
                                     "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
-                                    "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
+                                    "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes,
+                                    "server_update_s": control})
             finally:
                 bridge.close()
     finally:
