@@ -29,7 +29,9 @@ weightbridge versions that generated it: :func:`~weightbridge.integrations.vllm.
 
 Without the entry point (a PYTHONPATH checkout) pass
 ``worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension"`` too: importing it
-registers the backend in the worker before the engine is created.
+registers the backend in the worker before the engine is created (the package registers on import
+only where vLLM is already loaded; a worker in this process, vLLM's ``uni`` executor, needs
+:func:`register` called before the engine is created when the package was imported first).
 
 Processes: the driver (where ``LLM`` lives) only sends control calls; each vLLM worker (one
 per TP/PP rank, spawned by vLLM) runs :class:`~weightbridge.integrations.vllm.engine.WeightbridgeEngine`,

@@ -34,7 +34,9 @@ def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: 
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
-    from weightbridge.integrations.vllm import BACKEND
+    from weightbridge.integrations.vllm import BACKEND, register
+
+    register()  # an in-process worker: this process may have imported the package before vLLM
 
     return LLM(
         model=str(model_dir), tensor_parallel_size=tp, skip_tokenizer_init=True, enforce_eager=True,
