@@ -41,7 +41,9 @@ class ConformanceSuite:
 
     Class attributes an integration may set: ``known_gaps`` ({requirement id: reason}: run as
     strict xfail), ``timeout_s`` (the runs' ``sync.timeout_s``), ``startup_s`` (time allowed
-    for building a side: engine start), ``slack_s`` (scheduling slack on deadlines),
+    for building a side: engine start; unset, both are the largest of this class's defaults and
+    the factories' ``suite_settings``: weightbridge's vLLM and SGLang units ask for what a real
+    engine needs), ``slack_s`` (scheduling slack on deadlines),
     ``preload`` (modules the fork server imports once, e.g. the engine).
     """
 
@@ -50,6 +52,20 @@ class ConformanceSuite:
     startup_s: ClassVar[float] = 30.0
     slack_s: ClassVar[float] = 2.0
     preload: ClassVar[tuple[str, ...]] = ()
+
+    def _setting(self, name: str, *factories: str) -> float:
+        """``name`` as the integration's class sets it; else the largest a factory asks for (its
+        ``suite_settings`` dict: an engine's unit knows its start-up time, e.g.
+        ``weightbridge.integrations.vllm.conformance:build_rollout``); else this class's default."""
+        from weightbridge.testing.contract import load_factory
+
+        for klass in type(self).__mro__:
+            if klass is ConformanceSuite:
+                break
+            if name in vars(klass):
+                return float(getattr(self, name))
+        asked = [getattr(load_factory(ref), "suite_settings", {}).get(name) for ref in factories]
+        return float(max([getattr(ConformanceSuite, name)] + [a for a in asked if isinstance(a, (int, float))]))
 
     @pytest.fixture
     def wb_runner(self, request, tmp_path_factory):
@@ -78,8 +94,8 @@ class ConformanceSuite:
                 pytest.fail(f"wb_rollout_scope must be 'rank' or 'instance', got {scope!r}", pytrace=False)
             cache[owner] = Runner(Integration(
                 spec_path=spec, trainer=trainer, rollout=rollout, scope=scope,
-                workdir=tmp_path_factory.mktemp("wbconf"), timeout_s=self.timeout_s, startup_s=self.startup_s,
-                preload=tuple(self.preload),
+                workdir=tmp_path_factory.mktemp("wbconf"), timeout_s=self._setting("timeout_s", trainer, rollout),
+                startup_s=self._setting("startup_s", trainer, rollout), preload=tuple(self.preload),
             ))
         return cache[owner]
 

@@ -6,10 +6,13 @@ import wbconf_sglang_sides
 
 @pytest.fixture(scope="session")
 def wb_sglang_model(tmp_path_factory):
-    """The bundled tiny-qwen2-vllm as a float32 HF checkpoint (random init), written once per session."""
-    from weightbridge.testing._internal.vllm_selfcheck import write_model
+    """The bundled tiny-qwen2-vllm's config.json only: no checkpoint (the engine builds the model with
+    dummy weights; the trainer from the config, random init)."""
+    from weightbridge.testing._internal.vllm_selfcheck import hf_config
 
-    return write_model(tmp_path_factory.mktemp("tiny-qwen2-sglang"), "qwen2")
+    directory = tmp_path_factory.mktemp("tiny-qwen2-sglang")
+    hf_config("qwen2").save_pretrained(directory)
+    return directory
 
 
 @pytest.fixture
