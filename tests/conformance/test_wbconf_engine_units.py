@@ -73,4 +73,4 @@ def test_the_suite_takes_the_engine_units_settings_unless_the_class_sets_its_own
     out = subprocess.run([sys.executable, "-c", _SETTINGS], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got == {"vllm": [180.0, 10.0, 12.0], "sglang": [240.0, 15.0, 12.0], "toy": [30.0, 5.0]}
+    assert got == {"vllm": [180.0, 10.0, 12.0], "sglang": [300.0, 15.0, 12.0], "toy": [30.0, 5.0]}

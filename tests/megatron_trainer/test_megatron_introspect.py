@@ -40,7 +40,7 @@ FOUR_RANK = ["moe-tp2ep2"]
 EXTRA = ["moe-tp2", "moe-pp2", "dense-tp2pp2"]
 ALL = os.environ.get("WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS") == "1"
 PRELOAD = ("megatron.core", "megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs",
-           "weightbridge.testing._internal.megatron")
+           "weightbridge.integrations.megatron.cpu_trainer")
 _RUNS: dict[str, tuple[Path, list]] = {}  # one world per case per session (the facts test reuses them)
 
 

@@ -242,7 +242,7 @@ class ConformanceSuite:
                 v.add(f"{slow.label}: never had a second version ready to apply")
             elif held[0]["released_by"] is None:
                 v.add(f"{slow.label}: held version 2 unapplied, but trainer 0's push(3) neither failed nor returned "
-                      f"within {3 * self.timeout_s + 5:.0f}s")
+                      f"within {3 * wb_runner.integ.timeout_s + 5:.0f}s")
             for proc in run.role("trainer"):
                 ends = {e["version"]: e for e in proc.events if e["kind"] in ("pushed", "error")}
                 e3 = ends.get(3)
@@ -280,7 +280,7 @@ class ConformanceSuite:
         n = wb_runner.integ.resolved.trainer.world_size
         victim = f"trainer {n - 1}"
         if self._killed(v, run) and v.processes_ok(allow=(victim,)):
-            limit = self.timeout_s + self.slack_s
+            limit = wb_runner.integ.timeout_s + self.slack_s
             survivors = [p for p in run.procs if p.role == "trainer" and p.label.startswith("trainer ")
                          and "restarted" not in p.label and p.label != victim]
             for proc in survivors:
@@ -336,7 +336,8 @@ class ConformanceSuite:
         victim = run.role("rollout")[-1].label
         if self._killed(v, run) and v.processes_ok(allow=(victim,)):
             for proc in run.role("trainer"):
-                typed_error_in_time(v, proc, run.killed_at, self.timeout_s + self.slack_s, f"{victim} died", version=2)
+                typed_error_in_time(v, proc, run.killed_at, wb_runner.integ.timeout_s + self.slack_s, f"{victim} died",
+                                    version=2)
         v.done()
 
     @requirement("fault.no-receiver.deadline")
@@ -346,7 +347,7 @@ class ConformanceSuite:
         if v.processes_ok():
             for proc in run.role("trainer"):
                 started = proc.events[0]["start"] if proc.events else 0.0
-                typed_error_in_time(v, proc, started, self.timeout_s + self.slack_s, "push(1) started")
+                typed_error_in_time(v, proc, started, wb_runner.integ.timeout_s + self.slack_s, "push(1) started")
         v.done()
 
     # -- membership and handshake ------------------------------------------------------------

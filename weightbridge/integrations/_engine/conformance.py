@@ -56,32 +56,31 @@ def engine_model(spec_path: str | Path, workdir: str | Path) -> tuple[Path, bool
 
     import yaml
 
+    from weightbridge.canonical.bundled import model_config_json
+
     spec_path = Path(spec_path)
     model = (yaml.safe_load(spec_path.read_text()) or {}).get("model") or {}
-
-    def local(value: Any) -> Path:
-        path = Path(str(value))
-        return path if path.is_absolute() else spec_path.parent / path
-
-    if isinstance(model.get("bundled"), str):
-        from weightbridge.canonical.bundled import bundled_config_path
-
+    config = model_config_json(model, spec_path.parent)
+    if isinstance(model.get("bundled"), str) and config is not None:
         target = Path(workdir) / "engine-model"
         target.mkdir(parents=True, exist_ok=True)
         tmp = target / f"config.json.{os.getpid()}.tmp"  # every instance of the run writes it: atomically
-        shutil.copyfile(bundled_config_path(model["bundled"]), tmp)
+        shutil.copyfile(config, tmp)
         os.replace(tmp, target / "config.json")
         return target, False
-    for key in ("config", "safetensors"):
-        if isinstance(model.get(key), str):
-            path = local(model[key])
-            folder = path if path.is_dir() else path.parent
-            if not (folder / "config.json").is_file():
-                raise ValueError(f"{spec_path}: model.{key}: no config.json in {folder} (the engine builds the "
-                                 "model from it; point model.config at the model's config.json)")
-            return folder, any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES)
-    raise ValueError(f"{spec_path}: the engine needs the model's config: give model.config (a config.json, "
-                     "weights beside it optional) or model.bundled")
+    key = "config" if config is not None else "safetensors"
+    if config is None and isinstance(model.get("safetensors"), str):
+        path = Path(model["safetensors"])
+        config = (path if path.is_absolute() else spec_path.parent / path)
+        config = (config if config.is_dir() else config.parent) / "config.json"
+    if config is None:
+        raise ValueError(f"{spec_path}: the engine needs the model's config: give model.config (a config.json, "
+                         "weights beside it optional) or model.bundled")
+    if not config.is_file():
+        raise ValueError(f"{spec_path}: model.{key}: no config.json in {config.parent} (the engine builds the "
+                         "model from it; point model.config at the model's config.json)")
+    folder = config.parent
+    return folder, any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES)
 
 
 class EngineRolloutUnit:

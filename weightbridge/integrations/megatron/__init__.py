@@ -9,6 +9,8 @@ plus ``numpy packaging einops``; see ``integration_guides/megatron.md``).
   ``TrainerBridge.from_spec(..., tensors=...)`` and ``push`` take).
 * :func:`mesh_from_parallel_state` — the spec's ``trainer.mesh`` (tp/pp/dp/cp/ep/etp) of the
   running world, for writing or checking a spec.
+* :mod:`~weightbridge.integrations.megatron.cpu_trainer` — a Megatron-Core trainer rank on CPU
+  (``MegatronTrainerRank``: a conformance-suite ``wb_trainer`` factory).
 
 Everything imports lazily: importing this package needs neither Megatron nor torch.distributed.
 """

@@ -70,4 +70,4 @@ def build_rollout(ctx: Any) -> SGLangRolloutUnit:
 
 # What an SGLang engine needs from the suite (ConformanceSuite uses these unless the class sets its
 # own): an engine start takes 25-150 s on a small CPU machine; every command is an SGLang session.
-build_rollout.suite_settings = {"startup_s": 240.0, "timeout_s": 15.0}
+build_rollout.suite_settings = {"startup_s": 300.0, "timeout_s": 15.0}

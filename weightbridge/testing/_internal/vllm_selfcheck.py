@@ -14,7 +14,7 @@ Processes:
   driver, at TP 2 vLLM spawns two worker processes.
 
 With ``trainer_kind="megatron"`` the 2 trainer ranks are Megatron-Core instead
-(:class:`~weightbridge.testing._internal.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
+(:class:`~weightbridge.integrations.megatron.cpu_trainer.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
 checkpoint; the full model is gathered through the introspected IR and saved by checkpoint name).
 
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
@@ -54,7 +54,7 @@ MOE_TRAINER_RULES: list[dict[str, Any]] = [
      "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
 ]
 
-# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.testing._internal.megatron): 2 ranks,
+# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.integrations.megatron.cpu_trainer): 2 ranks,
 # the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
 # tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
 MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
@@ -181,7 +181,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
 
     trainer: Any
     if job.get("trainer_kind") == "megatron":  # same methods: tensors, full_tensors, step, close
-        from weightbridge.testing._internal.megatron import MegatronWorld
+        from weightbridge.integrations.megatron.cpu_trainer import MegatronWorld
 
         mesh = MEGATRON_MESH[job["kind"]]
         trainer = MegatronWorld(AutoConfig.from_pretrained(job["model_dir"]), rank=rank, world_size=world,
