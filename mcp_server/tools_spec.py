@@ -12,7 +12,8 @@ from mcp_server import specs, worker
 from mcp_server.declared import ToolSet
 from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, clip, excerpt, fail, write_text_atomic
 from weightbridge.canonical import bundled_names
-from weightbridge.ops.draft import draft_spec
+from weightbridge.ops.draft import draft_spec, framework_notes
+from weightbridge.spec.sides import unchecked_sides
 from weightbridge.spec.resolve import check_text
 
 TRAINER_AXES = Literal["tp", "pp", "dp", "cp", "ep", "etp", "dp_replicate"]  # the trainer presets' mesh axes
@@ -56,6 +57,8 @@ class ValidationReport(BaseModel):
     valid: bool
     problems: list[specs.Problem]
     summary: str | None = Field(description="Canonical tensors and ranks per side, when valid")
+    warnings: list[str] = Field(default_factory=list, description="Sides whose layout was never checked against a "
+                                "live loader (no pins), when valid")
 
 
 def _argument(path: str) -> str:
@@ -108,7 +111,9 @@ def generate(config: ServerConfig, model: str, trainer: dict[str, Any], rollout:
         )))
     if target is not None:
         write_text_atomic(target, draft.text, "write_to")
-    return GeneratedSpec(yaml=draft.text, assumed=draft.assumptions, summary=_summary(resolved),
+    moe = int(dict(resolved.canonical.params).get("num_experts") or 0) > 0
+    assumed = draft.assumptions + framework_notes(side_t.framework, side_r.engine, moe=moe)
+    return GeneratedSpec(yaml=draft.text, assumed=assumed, summary=_summary(resolved),
                          written_to=str(target) if target else None)
 
 
@@ -120,6 +125,7 @@ def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None)
         valid=not problems,
         problems=specs.problems_out(problems),
         summary=_summary(resolved) if resolved is not None and not problems else None,
+        warnings=unchecked_sides(resolved.spec) if resolved is not None and not problems else [],
     )
 
 

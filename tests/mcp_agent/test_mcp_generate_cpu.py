@@ -66,3 +66,28 @@ def test_model_path_is_relative_to_the_written_spec(tmp_path: Path) -> None:
     assert "network: h100" in nccl["yaml"] and "transport: nccl" in nccl["yaml"]
     assert "network: h200" in h200["yaml"] and "transport:" not in h200["yaml"]
     assert any(a.startswith("sync.transport: auto") for a in h200["assumed"])
+
+
+def test_generate_spec_states_what_the_presets_assume_about_each_framework() -> None:
+    """Issue 33: drafts that validate but are wrong, found only with explain_tensor (Megatron's local
+    layer spec, etp = tp, transformers 5's fused experts under FSDP2, SGLang's CPU padding): every such
+    assumption is now stated with how to change it; the mesh note no longer says etp is 1."""
+    calls = [{"model": "tiny-qwen3-moe-vllm", "trainer": {"framework": "megatron", "mesh": {"tp": 2}},
+              "rollout": {"engine": "sglang", "mesh": {"tp": 2}}},
+             {"model": "tiny-qwen3-moe-vllm", "trainer": {"framework": "fsdp2", "mesh": {"dp": 2}},
+              "rollout": {"engine": "vllm", "mesh": {"tp": 2}}},
+             {"model": "tiny-qwen2", "trainer": {"framework": "fsdp2", "mesh": {"dp": 2}},
+              "rollout": {"engine": "vllm", "mesh": {"tp": 2}}}]
+
+    async def body(c: Client):
+        return [await c.call_tool("generate_spec", call) for call in calls]
+
+    megatron, fsdp2_moe, dense = (ok(r)["assumed"] for r in run_session(in_process("auto", base_dir=DATA), body))
+    assert "trainer.mesh: cp, dp, pp, ep not given, so 1 (axes of the megatron preset: tp, cp, dp, pp, ep, etp)" in megatron
+    assert any(a.startswith("trainer.mesh.etp: not given, so tp (Megatron's default") for a in megatron)
+    assert any(a.startswith("trainer.params.local_spec: false") and "set local_spec: true" in a for a in megatron)
+    assert any(a.startswith("trainer.params.moe_grouped_gemm: true") for a in megatron)
+    assert any("SGLang on CPU pads" in a and 'multiple: "tp * 32"' in a for a in megatron)
+    assert any(a.startswith("trainer.params.fused_experts: false") and "fused_experts: true" in a for a in fsdp2_moe)
+    assert not any("fused_experts" in a for a in dense)  # stated only for models with experts
+    assert all(any(a.startswith("layouts: from the presets") for a in notes) for notes in (megatron, fsdp2_moe, dense))

@@ -19,7 +19,7 @@ checkpoint; the full model is gathered through the introspected IR and saved by 
 
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
 ``tiny-qwen3-moe-vllm`` (fused experts; the trainer holds transformers' fused
-``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules). Specs are data
+``mlp.experts.gate_up_proj [E, 2I, H]``: the fsdp2 preset's ``fused_experts: true``). Specs are data
 (:func:`spec_data`), written as YAML by :func:`spec_text`.
 """
 
@@ -40,28 +40,9 @@ MODELS = {"qwen2": "tiny-qwen2-vllm", "qwen3-moe": "tiny-qwen3-moe-vllm"}
 PROMPTS = [[5, 17, 33, 42, 99, 7], [1, 2, 3, 4, 5, 6, 7, 8]]
 NEW_TOKENS = 8
 
-# transformers keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]);
-# FSDP2 shards them on dim 0, i.e. deals experts over dp.
-MOE_TRAINER_RULES: list[dict[str, Any]] = [
-    {"local": "model.layers.{layer}.mlp.experts.gate_up_proj",
-     "stack": {"count": "num_experts", "axis": "dp"},
-     "concat": {"dim": 0, "parts": [
-         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
-         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
-     ]}},
-    {"local": "model.layers.{layer}.mlp.experts.down_proj",
-     "stack": {"count": "num_experts", "axis": "dp"},
-     "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
-]
-
-# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.integrations.megatron.cpu_trainer): 2 ranks,
-# the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
-# tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
-MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
-MEGATRON_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2}, "qwen3-moe": {}}
-MEGATRON_PARAMS = {"local_spec": True, "moe_grouped_gemm": False}
-
-# A plausible mistake: q, v, k instead of q, k, v in the fused projection (same shapes).
+# transformers 5 keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]); FSDP2
+# shards them on dim 0, i.e. deals experts over dp: the fsdp2 preset's fused_experts param.
+MOE_TRAINER_PARAMS: dict[str, Any] = {"fused_experts": True}
 
 
 def _kv_shard() -> list[dict[str, Any]]:
@@ -88,7 +69,7 @@ def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
     if trainer_kind == "megatron":
         trainer = {"preset": "megatron", "mesh": dict(MEGATRON_MESH[kind]), "params": dict(MEGATRON_PARAMS)}
     elif kind == "qwen3-moe":
-        trainer["rules"] = copy.deepcopy(MOE_TRAINER_RULES)
+        trainer["params"] = dict(MOE_TRAINER_PARAMS)
     rollout: dict[str, Any] = {"preset": "vllm", "mesh": {"tp": tp}}
     if instances is not None:
         rollout["instances"] = instances
