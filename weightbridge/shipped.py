@@ -22,8 +22,8 @@ SHIPPED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("docs", ("*.md", "*.png")),
     ("examples", ("README.md", "toy_integration/*.md", "toy_integration/*.py", "toy_integration/*.yaml",
                   "toy_integration/toyrl/*.py", "ray_rl/*.md", "ray_rl/*.py",
-                  "engine_suites/*.md", "engine_suites/*/*.py", "engine_suites/*/*.yaml",
-                  "engine_suites/*/*.json")),
+                  "engine_suites/*.md", "engine_suites/*.py", "engine_suites/*/*.py",
+                  "engine_suites/*/*.yaml", "engine_suites/*/*.json")),
     ("bench", ("vllm_update.py", "sglang_update.py")),  # the engine benchmarks the guides tell users to run
 )
 

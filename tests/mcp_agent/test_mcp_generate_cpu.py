@@ -87,7 +87,7 @@ def test_generate_spec_states_what_the_presets_assume_about_each_framework() -> 
     assert any(a.startswith("trainer.mesh.etp: not given, so tp (Megatron's default") for a in megatron)
     assert any(a.startswith("trainer.params.local_spec: false") and "set local_spec: true" in a for a in megatron)
     assert any(a.startswith("trainer.params.moe_grouped_gemm: true") for a in megatron)
-    assert any("SGLang on CPU pads" in a and 'multiple: "tp * 32"' in a for a in megatron)
+    assert any(a.startswith("rollout.params.cpu_pad: false") and 'multiple: "tp * 32"' in a for a in megatron)
     assert any(a.startswith("trainer.params.fused_experts: false") and "fused_experts: true" in a for a in fsdp2_moe)
     assert not any("fused_experts" in a for a in dense)  # stated only for models with experts
     assert all(any(a.startswith("layouts: from the presets") for a in notes) for notes in (megatron, fsdp2_moe, dense))

@@ -55,10 +55,10 @@ def framework_notes(trainer_preset: str, rollout_preset: str, *, moe: bool) -> l
                      "mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj, sharded over dp by FSDP2: set "
                      "fused_experts: true)")
     if rollout_preset == "sglang":
-        notes.append("rollout: the sglang preset is SGLang's GPU layout. SGLang on CPU pads what does not divide "
-                     "evenly: KV heads to a multiple of tp, dense and MoE intermediate sizes to a multiple of tp * 32 "
-                     "(a rank may hold only padding); describe that with rules whose pad takes an expression, e.g. "
-                     "pad: {dim: 0, multiple: \"tp * 32\"}, or choose sizes that divide (probe --check tells)")
+        notes.append("rollout.params.cpu_pad: false (SGLang's GPU layout. SGLang on CPU pads dense and MoE "
+                     "intermediate sizes to a multiple of tp * 32, a rank may hold only padding: set cpu_pad: true, "
+                     "whose rules use pad: {dim: 0, multiple: \"tp * 32\"} (pad.multiple takes expressions); it "
+                     "also pads KV heads to a multiple of tp, which no param describes: choose tp dividing them)")
     if rollout_preset in ("vllm", "sglang"):
         notes.append(f"rollout.params.vocab_multiple: 64 (the {rollout_preset} vocabulary padding before the tp split)")
     notes.append("layouts: from the presets, not from your processes; `weightbridge probe --check` (or the "

@@ -1,5 +1,5 @@
 """A Megatron-Core trainer and weightbridge's vLLM integration described to the conformance suite
-(the contract: ``help(weightbridge.testing)``).
+(``wb_spec`` and ``wb_rollout_scope``: ``../conftest.py``).
 
 Trainer: Megatron-Core at the spec's ``trainer.mesh``, local layer spec, random init
 (``weightbridge.integrations.megatron.cpu_trainer:MegatronTrainerRank``, 2 Gloo ranks). Rollout: one
@@ -8,14 +8,7 @@ real ``vllm.LLM`` per rollout instance, started inside the suite's rank process
 the spec names a config.json only; vLLM builds the model with dummy weights.
 """
 
-from pathlib import Path
-
 import pytest
-
-
-@pytest.fixture
-def wb_spec():
-    return Path(__file__).parent / "weightbridge.yaml"
 
 
 @pytest.fixture
@@ -26,8 +19,3 @@ def wb_trainer():
 @pytest.fixture
 def wb_rollout():
     return "weightbridge.integrations.vllm.conformance:build_rollout"
-
-
-@pytest.fixture
-def wb_rollout_scope():
-    return "instance"

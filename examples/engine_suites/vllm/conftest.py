@@ -1,4 +1,4 @@
-"""weightbridge's vLLM integration described to the conformance suite (the contract: ``help(weightbridge.testing)``).
+"""weightbridge's vLLM integration described to the conformance suite (``wb_spec`` and ``wb_rollout_scope``: ``../conftest.py``).
 
 Trainer: the spec's model under FSDP2 (``weightbridge.demo.fsdp2:SpecModelTrainerRank``, 2 Gloo
 ranks). Rollout: one real ``vllm.LLM`` per rollout instance, started inside the suite's rank
@@ -6,14 +6,7 @@ process (``weightbridge.integrations.vllm.conformance:build_rollout``; scope ``"
 No checkpoint: the spec names a bundled model and vLLM builds it with dummy weights.
 """
 
-from pathlib import Path
-
 import pytest
-
-
-@pytest.fixture
-def wb_spec():
-    return Path(__file__).parent / "weightbridge.yaml"
 
 
 @pytest.fixture
@@ -24,8 +17,3 @@ def wb_trainer():
 @pytest.fixture
 def wb_rollout():
     return "weightbridge.integrations.vllm.conformance:build_rollout"
-
-
-@pytest.fixture
-def wb_rollout_scope():
-    return "instance"

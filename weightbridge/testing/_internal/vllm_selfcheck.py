@@ -44,6 +44,15 @@ NEW_TOKENS = 8
 # shards them on dim 0, i.e. deals experts over dp: the fsdp2 preset's fused_experts param.
 MOE_TRAINER_PARAMS: dict[str, Any] = {"fused_experts": True}
 
+# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.integrations.megatron.cpu_trainer): 2 ranks,
+# the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
+# tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
+MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
+MEGATRON_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2}, "qwen3-moe": {}}
+MEGATRON_PARAMS = {"local_spec": True, "moe_grouped_gemm": False}
+
+# A plausible mistake: q, v, k instead of q, k, v in the fused projection (same shapes).
+
 
 def _kv_shard() -> list[dict[str, Any]]:
     return [{"dim": 0, "axis": "tp", "blocks": "num_kv_heads", "replicate": True}]
