@@ -21,6 +21,18 @@ ROLLOUT_AXES = Literal["tp", "pp", "ep"]
 Size = Annotated[int, Field(ge=1)]
 
 
+MAX_PROBES = 256  # observed ranks per side: a fit compares each with the spec's expansion
+MAX_PROBE_BYTES = 64 << 20  # a probe JSON lists a rank's pieces: tens of MB for the largest models
+ProbesArg = Annotated[dict[Annotated[int, Field(ge=0, le=1 << 20)], Annotated[str, Field(min_length=1,
+                                                                                       max_length=MAX_PATH_CHARS)]],
+                      Field(max_length=MAX_PROBES)]
+PROBES_DOC = ("Live observations: rank -> a `weightbridge probe ... -o FILE` JSON (inside the roots) of that rank's "
+              "own loader. The draft then takes the preset facts that reproduce them (Megatron layer spec, expert "
+              "MLP, etp; FSDP2 fused experts; SGLang CPU padding) and pins their fingerprints, so it passes "
+              "`weightbridge probe --check` against the same processes; none reproducing them is an error naming "
+              "the nearest.")
+
+
 class TrainerSide(BaseModel):
     """The training framework and its parallelism."""
 
@@ -30,6 +42,7 @@ class TrainerSide(BaseModel):
         default_factory=dict,
         description="Mesh sizes by axis; megatron: tp, pp, dp, cp, ep, etp; fsdp2: dp, tp, cp, dp_replicate; hf: dp.",
     )
+    probes: ProbesArg = Field(default_factory=dict, description=PROBES_DOC)
 
 
 class RolloutSide(BaseModel):
@@ -39,6 +52,7 @@ class RolloutSide(BaseModel):
     engine: Literal["vllm", "sglang", "hf"] = Field(description="vllm, sglang or hf")
     mesh: dict[ROLLOUT_AXES, Size] = Field(default_factory=dict, description="Mesh sizes by axis: tp, pp, ep.")
     instances: int | None = Field(default=None, ge=1, description="Identical engine instances (default 1).")
+    probes: ProbesArg = Field(default_factory=dict, description=PROBES_DOC + " Rollout: local rank within an instance.")
 
 
 class GeneratedSpec(BaseModel):
@@ -109,12 +123,39 @@ def generate(config: ServerConfig, model: str, trainer: dict[str, Any], rollout:
             f"{_argument(p.path)}: {p.message}" + (f" ({p.hint})" if p.hint else "") + f" [spec path {p.path}]"
             for p in problems
         )))
-    if target is not None:
-        write_text_atomic(target, draft.text, "write_to")
     moe = int(dict(resolved.canonical.params).get("num_experts") or 0) > 0
-    assumed = draft.assumptions + framework_notes(side_t.framework, side_r.engine, moe=moe)
-    return GeneratedSpec(yaml=draft.text, assumed=assumed, summary=_summary(resolved),
+    text, assumed = draft.text, draft.assumptions + framework_notes(side_t.framework, side_r.engine, moe=moe)
+    for name, side in (("trainer", side_t), ("rollout", side_r)):
+        if side.probes:
+            text, notes = _fit(config, text, name, side.probes, base)
+            assumed += notes
+    if text != draft.text:
+        resolved, problems = check_text(text, str(target or "<draft>"), base_dir=base)
+        if problems or resolved is None:  # pins are the expansion's own fingerprints: unreachable
+            raise ToolError(clip("\n".join(str(p) for p in problems)))
+    if target is not None:
+        write_text_atomic(target, text, "write_to")
+    return GeneratedSpec(yaml=text, assumed=assumed, summary=_summary(resolved),
                          written_to=str(target) if target else None)
+
+
+def _fit(config: ServerConfig, text: str, side: str, probes: dict[int, str], base: Path) -> tuple[str, list[str]]:
+    """``text`` fitted to the live ranks of ``side`` (probe JSON files inside the roots)."""
+    from weightbridge.ops.live_fit import FitError, fit_side
+    from weightbridge.probe import read_probe_json
+
+    observed = {}
+    for rank, raw in sorted(probes.items()):
+        path = config.readable(raw, f"{side}.probes[{rank}]", max_bytes=MAX_PROBE_BYTES)
+        try:
+            observed[rank] = read_probe_json(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise fail(f"{side}.probes[{rank}]", f"not a probe JSON ({excerpt(str(exc))})") from None
+    try:
+        fit = fit_side(text, side, observed, base_dir=base)
+    except FitError as exc:
+        raise fail(f"{side}.probes", clip(str(exc))) from None
+    return fit.text, fit.notes
 
 
 def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None) -> ValidationReport:
