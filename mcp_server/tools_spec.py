@@ -149,7 +149,7 @@ def _fit(config: ServerConfig, text: str, side: str, probes: dict[int, str], bas
         path = config.readable(raw, f"{side}.probes[{rank}]", max_bytes=MAX_PROBE_BYTES)
         try:
             observed[rank] = read_probe_json(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # deep JSON: recursion
             raise fail(f"{side}.probes[{rank}]", f"not a probe JSON ({excerpt(str(exc))})") from None
     try:
         fit = fit_side(text, side, observed, base_dir=base)

@@ -20,6 +20,7 @@ from pathlib import Path
 from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, check_output_path, excerpt, show
 
 MAX_SPEC_CHARS = 1 << 20
+MAX_PROBE_BYTES = 64 << 20  # a probe JSON lists one rank's pieces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
     observed = {}
     for rank, path in sorted(_observed(args.probe).items()):
         try:
+            if path.stat().st_size > MAX_PROBE_BYTES:
+                raise ValueError(f"{path.stat().st_size} bytes is too large for a probe (at most {MAX_PROBE_BYTES})")
             observed[rank] = read_probe_json(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # deep JSON: recursion
             raise UsageError(f"--probe {rank}={excerpt(str(path))}: not a probe JSON ({excerpt(str(exc))})") from None
     from weightbridge.spec.resolve import check_text
 
