@@ -83,10 +83,12 @@ def test_examples_copies_the_engine_suites_and_benchmarks(capsys: pytest.Capture
     assert code == 0 and "engine_suites" in out and "bench" in out
     code, out, _ = _run(capsys, "examples", "engine_suites", "--copy", str(tmp_path))
     suites = tmp_path / "engine_suites"
-    assert code == 0 and sorted(p.name for p in suites.iterdir() if p.is_dir()) == ["megatron", "sglang", "vllm"]
-    for name in ("megatron", "sglang", "vllm"):
-        assert {p.name for p in (suites / name).iterdir()} >= {"conftest.py", "weightbridge.yaml", f"test_wbsuite_{name}.py"}
-        assert _run(capsys, "validate", str(suites / name / "weightbridge.yaml"))[0] == 0, name
+    names = ["megatron", "sglang", "vllm"]  # directories NAME_suite: a directory named like a package would shadow it
+    assert code == 0 and sorted(p.name for p in suites.iterdir() if p.is_dir()) == [f"{n}_suite" for n in names]
+    for name in names:
+        assert {p.name for p in (suites / f"{name}_suite").iterdir()} >= {"conftest.py", "weightbridge.yaml",
+                                                                         f"test_wbsuite_{name}.py"}
+        assert _run(capsys, "validate", str(suites / f"{name}_suite" / "weightbridge.yaml"))[0] == 0, name
     code, out, _ = _run(capsys, "examples", "bench", "--copy", str(tmp_path))
     assert code == 0 and sorted(p.name for p in (tmp_path / "bench").iterdir()) == ["sglang_update.py", "vllm_update.py"]
 

