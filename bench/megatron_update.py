@@ -89,7 +89,7 @@ def bench_rank(job: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, list[float]] = {}
     trainer = i < 2
     if trainer:
-        from weightbridge.testing._internal.megatron import MegatronWorld
+        from weightbridge.integrations.megatron.cpu_trainer import MegatronWorld
 
         mesh = job["mesh"]
         world = MegatronWorld(AutoConfig.from_pretrained(job["dir"]), rank=i, world_size=2, tp=mesh.get("tp", 1),
@@ -197,7 +197,7 @@ def main() -> int:
         job = {"port": master.port, "dir": str(d), "mesh": mesh, "reps": args.reps,
                "spec_sync": str(_spec(d, mesh, "sync")), "spec_async": str(_spec(d, mesh, "async"))}
         results = launch(bench_rank, [({**job, "index": k},) for k in range(4)], timeout_s=900,
-                         preload=("megatron.core", "weightbridge.testing._internal.megatron"))
+                         preload=("megatron.core", "weightbridge.integrations.megatron.cpu_trainer"))
         bad = [r for r in results if not r.ok]
         if bad:
             print(f"{name}: rank {bad[0].index} failed: {bad[0].error}\n{bad[0].traceback}", file=sys.stderr)

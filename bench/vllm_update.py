@@ -20,8 +20,11 @@ docs/vllm_integration_notes.md), ``--hidden``/``--layers``/``--vocab`` set its s
 
 ``--server``: the same against a ``vllm serve`` process, as online RL stacks run vLLM; everything
 goes through vLLM's HTTP routes. (a) is trainer rank 0's ``VLLMServers.push(bridge, v)``: push +
-``/pause`` + ``/start_weight_update`` + ``/update_weights`` + ``/finish_weight_update`` + ``/resume``,
-until ``v`` is live. (b) is gather + save + ``/pause`` + ``/collective_rpc reload_weights``
+pause + ``/start_weight_update`` + ``/update_weights`` + ``/finish_weight_update`` + resume, until
+``v`` is live. Versions alternate ``pause_route="pause"`` (``/pause`` ... ``/resume``) and ``"sleep"``
+(the default: level-0 ``/sleep`` + ``/reset_prefix_cache`` ... ``/wake_up``), and the run ends with
+each one's fixed cost per update: the server-side update's wall minus its ``/update_weights`` call
+(the workers receiving and loading), i.e. HTTP control + pausing + labelling + resuming. (b) is gather + save + ``/pause`` + ``/collective_rpc reload_weights``
 (``weights_path``: the server reloads from disk) + ``/resume``. vLLM's native trainer-to-server
 path (the ``nccl`` backend: trainer rank 0 gathers and broadcasts every full tensor) needs CUDA
 and NCCL, so on CPU the baseline is save + reload.
@@ -158,7 +161,8 @@ def run_server(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     proc, server = online.start_server(model_dir, args.tp, work / "server.log", start=False)
     job = {"host": "127.0.0.1", "port": master.port, "model_dir": str(model_dir), "workdir": str(work),
-           "phases": [{"prefix": "wb-bench", "steps": args.versions, "spec": spec}], "timeout_s": args.timeout_s,
+           "phases": [{"prefix": "wb-bench", "steps": args.versions, "spec": spec,
+                       "pause_routes": ["pause", "sleep"]}], "timeout_s": args.timeout_s,
            "go_key": "bench/go", "go_wait_s": 900.0, "servers": [server.url]}
     results: list = []
     trainers = threading.Thread(target=lambda: results.extend(launch(
@@ -201,7 +205,20 @@ def run_server(args: argparse.Namespace) -> int:
         row.update(weightbridge_s=r["push_s"], gather_s=r["gather_s"], save_s=r["save_s"], wire_bytes=r["wire_bytes"])
         row["baseline_s"] = row["gather_s"] + row["save_s"] + row["reload_s"]
         row["ratio"] = row["baseline_s"] / row["weightbridge_s"]
-    return finish(args, rows, "vllm serve (HTTP)")
+        control = r["server_update_s"]  # the update's wall on the server, its /update_weights part
+        row.update(pause_route=control["pause_route"], fixed_s=control["total"] - control["update_weights"],
+                   routes_s={k: v for k, v in control.items() if k.startswith("/")})
+    fixed = {route: statistics.median(r["fixed_s"] for r in rows if r["pause_route"] == route)
+             for route in ("pause", "sleep") if any(r["pause_route"] == route for r in rows)}
+    code = finish(args, rows, "vllm serve (HTTP)", {"fixed_s_by_pause_route": fixed})
+    say("fixed cost per update beyond the engine's own reload (HTTP control + pause/resume; median, versions "
+        "alternate): " + ", ".join(f"pause_route={k!r} {v * 1e3:.1f} ms" for k, v in fixed.items()))
+    for route in fixed:  # where it goes: each HTTP call's median
+        calls = {k for r in rows if r["pause_route"] == route for k in r["routes_s"] if k != "/update_weights"}
+        say(f"  {route}: " + ", ".join(
+            f"{k} {statistics.median(r['routes_s'][k] for r in rows if k in r['routes_s'] and r['pause_route'] == route) * 1e3:.1f}"
+            for k in sorted(calls)) + " ms")
+    return code
 
 
 def run_fp8(args: argparse.Namespace) -> int:
@@ -361,8 +378,8 @@ def finish_fp8(args: argparse.Namespace, rows: list, split: dict) -> int:
     return 0 if out["ok"] else 1
 
 
-def finish(args: argparse.Namespace, rows: list, what: str) -> int:
-    out = {"tp": args.tp, "engine": what, "model_mb": rows[0]["wire_bytes"] / 1e6, "rows": rows,
+def finish(args: argparse.Namespace, rows: list, what: str, extra: dict | None = None) -> int:
+    out = {**(extra or {}), "tp": args.tp, "engine": what, "model_mb": rows[0]["wire_bytes"] / 1e6, "rows": rows,
            "median_ratio": statistics.median(r["ratio"] for r in rows),
            "all_bitwise_equal": all(not r["problems"] for r in rows)}
     if args.json:

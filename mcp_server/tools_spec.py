@@ -12,12 +12,25 @@ from mcp_server import specs, worker
 from mcp_server.declared import ToolSet
 from mcp_server.roots import MAX_PATH_CHARS, ServerConfig, clip, excerpt, fail, write_text_atomic
 from weightbridge.canonical import bundled_names
-from weightbridge.ops.draft import draft_spec
+from weightbridge.ops.draft import draft_spec, framework_notes
+from weightbridge.spec.sides import unchecked_sides
 from weightbridge.spec.resolve import check_text
 
 TRAINER_AXES = Literal["tp", "pp", "dp", "cp", "ep", "etp", "dp_replicate"]  # the trainer presets' mesh axes
 ROLLOUT_AXES = Literal["tp", "pp", "ep"]
 Size = Annotated[int, Field(ge=1)]
+
+
+MAX_PROBES = 256  # observed ranks per side: a fit compares each with the spec's expansion
+MAX_PROBE_BYTES = 64 << 20  # a probe JSON lists a rank's pieces: tens of MB for the largest models
+ProbesArg = Annotated[dict[Annotated[int, Field(ge=0, le=1 << 20)], Annotated[str, Field(min_length=1,
+                                                                                       max_length=MAX_PATH_CHARS)]],
+                      Field(max_length=MAX_PROBES)]
+PROBES_DOC = ("Live observations: rank -> a `weightbridge probe ... -o FILE` JSON (inside the roots) of that rank's "
+              "own loader. The draft then takes the preset facts that reproduce them (Megatron layer spec, expert "
+              "MLP, etp; FSDP2 fused experts; SGLang CPU padding) and pins their fingerprints, so it passes "
+              "`weightbridge probe --check` against the same processes; none reproducing them is an error naming "
+              "the nearest.")
 
 
 class TrainerSide(BaseModel):
@@ -29,6 +42,7 @@ class TrainerSide(BaseModel):
         default_factory=dict,
         description="Mesh sizes by axis; megatron: tp, pp, dp, cp, ep, etp; fsdp2: dp, tp, cp, dp_replicate; hf: dp.",
     )
+    probes: ProbesArg = Field(default_factory=dict, description=PROBES_DOC)
 
 
 class RolloutSide(BaseModel):
@@ -38,6 +52,7 @@ class RolloutSide(BaseModel):
     engine: Literal["vllm", "sglang", "hf"] = Field(description="vllm, sglang or hf")
     mesh: dict[ROLLOUT_AXES, Size] = Field(default_factory=dict, description="Mesh sizes by axis: tp, pp, ep.")
     instances: int | None = Field(default=None, ge=1, description="Identical engine instances (default 1).")
+    probes: ProbesArg = Field(default_factory=dict, description=PROBES_DOC + " Rollout: local rank within an instance.")
 
 
 class GeneratedSpec(BaseModel):
@@ -56,6 +71,8 @@ class ValidationReport(BaseModel):
     valid: bool
     problems: list[specs.Problem]
     summary: str | None = Field(description="Canonical tensors and ranks per side, when valid")
+    warnings: list[str] = Field(default_factory=list, description="Sides whose layout was never checked against a "
+                                "live loader (no pins), when valid")
 
 
 def _argument(path: str) -> str:
@@ -106,10 +123,39 @@ def generate(config: ServerConfig, model: str, trainer: dict[str, Any], rollout:
             f"{_argument(p.path)}: {p.message}" + (f" ({p.hint})" if p.hint else "") + f" [spec path {p.path}]"
             for p in problems
         )))
+    moe = int(dict(resolved.canonical.params).get("num_experts") or 0) > 0
+    text, assumed = draft.text, draft.assumptions + framework_notes(side_t.framework, side_r.engine, moe=moe)
+    for name, side in (("trainer", side_t), ("rollout", side_r)):
+        if side.probes:
+            text, notes = _fit(config, text, name, side.probes, base)
+            assumed += notes
+    if text != draft.text:
+        resolved, problems = check_text(text, str(target or "<draft>"), base_dir=base)
+        if problems or resolved is None:  # pins are the expansion's own fingerprints: unreachable
+            raise ToolError(clip("\n".join(str(p) for p in problems)))
     if target is not None:
-        write_text_atomic(target, draft.text, "write_to")
-    return GeneratedSpec(yaml=draft.text, assumed=draft.assumptions, summary=_summary(resolved),
+        write_text_atomic(target, text, "write_to")
+    return GeneratedSpec(yaml=text, assumed=assumed, summary=_summary(resolved),
                          written_to=str(target) if target else None)
+
+
+def _fit(config: ServerConfig, text: str, side: str, probes: dict[int, str], base: Path) -> tuple[str, list[str]]:
+    """``text`` fitted to the live ranks of ``side`` (probe JSON files inside the roots)."""
+    from weightbridge.ops.live_fit import FitError, fit_side
+    from weightbridge.probe import read_probe_json
+
+    observed = {}
+    for rank, raw in sorted(probes.items()):
+        path = config.readable(raw, f"{side}.probes[{rank}]", max_bytes=MAX_PROBE_BYTES)
+        try:
+            observed[rank] = read_probe_json(path)
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # deep JSON: recursion
+            raise fail(f"{side}.probes[{rank}]", f"not a probe JSON ({excerpt(str(exc))})") from None
+    try:
+        fit = fit_side(text, side, observed, base_dir=base)
+    except FitError as exc:
+        raise fail(f"{side}.probes", clip(str(exc))) from None
+    return fit.text, fit.notes
 
 
 def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None) -> ValidationReport:
@@ -120,6 +166,7 @@ def validate(config: ServerConfig, spec_path: str | None, spec_text: str | None)
         valid=not problems,
         problems=specs.problems_out(problems),
         summary=_summary(resolved) if resolved is not None and not problems else None,
+        warnings=unchecked_sides(resolved.spec) if resolved is not None and not problems else [],
     )
 
 

@@ -1,4 +1,4 @@
-"""Files that ship with weightbridge: example specs, the spec schema, guides, docs, the toy integration.
+"""Files that ship with weightbridge: example specs, the spec schema, guides, docs, examples, engine benchmarks.
 
 Their one source is the repository root (``spec/``, ``integration_guides/``, ``docs/``,
 ``examples/``, ``LICENSE``, ...). A built wheel carries a copy under ``weightbridge/_shipped/``
@@ -21,7 +21,10 @@ SHIPPED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integration_guides", ("*.md",)),
     ("docs", ("*.md", "*.png")),
     ("examples", ("README.md", "toy_integration/*.md", "toy_integration/*.py", "toy_integration/*.yaml",
-                  "toy_integration/toyrl/*.py", "ray_rl/*.md", "ray_rl/*.py")),
+                  "toy_integration/toyrl/*.py", "ray_rl/*.md", "ray_rl/*.py",
+                  "engine_suites/*.md", "engine_suites/*.py", "engine_suites/*/*.py",
+                  "engine_suites/*/*.yaml", "engine_suites/*/*.json")),
+    ("bench", ("vllm_update.py", "sglang_update.py")),  # the engine benchmarks the guides tell users to run
 )
 
 

@@ -18,7 +18,7 @@ IMPORTS_DIST = re.compile(r"^\s*(import torch\.distributed|from torch\.distribut
 
 # The list docs/architecture.md gives, in its words ("import `torch.distributed`: ...").
 DIST_MODULES = {"transport/store.py", "transport/store_client.py", "transport/group.py", "probe/dtensor.py",
-                "testing/contract.py", "demo/fsdp2.py", "testing/_internal/fsdp2.py", "testing/_internal/megatron.py",
+                "testing/contract.py", "demo/fsdp2.py", "integrations/megatron/cpu_trainer.py",
                 "testing/_internal/wire_tamper.py", "_torch_compat.py", "testing/_internal/gpu_stages.py"}
 
 

@@ -73,8 +73,10 @@ def test_inspect_validate_plan_explain_match_the_cli(mode: str) -> None:
     assert bad["valid"] is False and bad["problems"] == want_bad["problems"]
     assert [p["path"] for p in bad["problems"]] == [
         "$.trainer.mesh.tp", "$.trainer.rules[0].shard[0].axis", "$.rollout.preset", "$.sync.mode", "$.sync.round_bytes"]
-    assert good == {"spec": TINY, "valid": True, "problems": [],
-                    "summary": good["summary"]} and "trainer 2 ranks, rollout 2 x 2 ranks" in good["summary"]
+    assert good == {"spec": TINY, "valid": True, "problems": [], "summary": good["summary"],
+                    "warnings": good["warnings"]} and "trainer 2 ranks, rollout 2 x 2 ranks" in good["summary"]
+    assert good["warnings"] == cli_json("validate", str(ROOT / TINY), "--json")["warnings"]
+    assert [w.split(":")[0] for w in good["warnings"]] == ["trainer", "rollout"]  # no pins: never checked live
 
     want_plan = cli_json("plan", str(ROOT / TINY), "--json")
     assert {k: plan[k] for k in want_plan if k != "planning_seconds"} == {

@@ -49,7 +49,7 @@ def introspect_rank(job: dict[str, Any]) -> dict[str, Any]:
 
     from weightbridge.probe.diff import diff_layouts, format_diff
     from weightbridge.spec.resolve import resolve_spec
-    from weightbridge.testing._internal.megatron import MegatronWorld
+    from weightbridge.integrations.megatron.cpu_trainer import MegatronWorld
     from weightbridge.transport.store import open_store
 
     kind, overrides, mesh = CASES[job["case"]]
@@ -79,7 +79,7 @@ def param_sync_rank(rank: int, port: int) -> list[tuple]:
 
     from weightbridge.errors import StaleParameters
     from weightbridge.integrations.megatron import gather_params, param_sync_hook, pending_param_gathers
-    from weightbridge.testing._internal.megatron import MegatronWorld
+    from weightbridge.integrations.megatron.cpu_trainer import MegatronWorld
     from weightbridge.testing._internal.vllm_selfcheck import hf_config
     from weightbridge.transport.store import open_store
 

@@ -40,7 +40,7 @@ FOUR_RANK = ["moe-tp2ep2"]
 EXTRA = ["moe-tp2", "moe-pp2", "dense-tp2pp2"]
 ALL = os.environ.get("WEIGHTBRIDGE_MEGATRON_ALL_LAYOUTS") == "1"
 PRELOAD = ("megatron.core", "megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs",
-           "weightbridge.testing._internal.megatron")
+           "weightbridge.integrations.megatron.cpu_trainer")
 _RUNS: dict[str, tuple[Path, list]] = {}  # one world per case per session (the facts test reuses them)
 
 
@@ -93,3 +93,54 @@ def test_ir_facts_seen_on_the_live_models(tmp_path: Path) -> None:
     assert "embedding.word_embeddings.weight" in s0["shapes"] and "output_layer.weight" in s1["shapes"]
     tied = {t["name"]: t for t in s1["layout"]["tensors"]}["output_layer.weight"]  # tied: a copy on the last stage
     assert tied["pieces"][0]["canonical"] == "model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize("case, want", [
+    ("dense-tp2", {"params.local_spec": True, "mesh.etp": None}),
+    ("moe-ep2", {"params.local_spec": True, "params.moe_grouped_gemm": False, "mesh.etp": None}),
+])
+def test_a_draft_fitted_to_the_live_ranks_reproduces_them_and_is_pinned(case: str, want: dict, tmp_path: Path) -> None:
+    """Issue 33: generate_spec assumed Transformer Engine's layer spec (and grouped-GEMM experts) where the
+    framework ran Megatron's local spec; found only with explain_tensor. Fitted to the live ranks'
+    introspected IR, the draft chooses what they hold, and the spec's expansion of each rank equals
+    the live one (what `weightbridge probe --check` compares), pinned."""
+    from weightbridge.layout.ir import RankLayout
+    from weightbridge.ops.draft import draft_spec
+    from weightbridge.ops.live_fit import fit_side
+    from weightbridge.probe.diff import diff_layouts
+    from weightbridge.spec.resolve import check_text
+    from weightbridge.spec.sides import unchecked_sides
+
+    spec, outs = _introspect(case, tmp_path)
+    observed = {r: RankLayout.from_json(out["layout"]) for r, out in enumerate(outs)}
+    draft = draft_spec({"config": str(spec.parent / "config.json")}, trainer_preset="megatron",
+                       trainer_mesh=CASES[case][2], rollout_preset="vllm", rollout_mesh={"tp": 1})
+    plain, problems = check_text(draft.text)
+    assert not problems and any(diff_layouts(observed[r], plain.trainer.ranks[r]) for r in observed)  # the guess is wrong
+    fit = fit_side(draft.text, "trainer", observed)
+    assert {k: fit.chosen[k] for k in want} == want
+    fitted, problems = check_text(fit.text)
+    assert not problems, [str(p) for p in problems]
+    for r, live in observed.items():
+        assert diff_layouts(live, fitted.trainer.ranks[r]) == [], f"rank {r}"
+    assert set(fitted.spec.trainer.pins) == set(observed)
+    assert [w.split(":")[0] for w in unchecked_sides(fitted.spec)] == ["rollout"]
+    # the same from the command line: `weightbridge fit`, then `weightbridge diff` of each live rank
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "draft.yaml").write_text(draft.text)
+    probes = []
+    for r, out in enumerate(outs):
+        (tmp_path / f"live{r}.json").write_text(json.dumps(out["layout"]))
+        probes += ["--probe", f"{r}={tmp_path / f'live{r}.json'}"]
+    cli = [sys.executable, "-m", "weightbridge"]
+    done = subprocess.run(cli + ["fit", str(tmp_path / "draft.yaml"), "--side", "trainer", *probes, "-o",
+                                 str(tmp_path / "fitted.yaml")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "fitted.yaml").read_text() == fit.text
+    for r in observed:
+        same = subprocess.run(cli + ["diff", str(tmp_path / f"live{r}.json"), f"{tmp_path / 'fitted.yaml'}:trainer:{r}"],
+                              capture_output=True, text=True, timeout=120)
+        assert same.returncode == 0, same.stdout + same.stderr

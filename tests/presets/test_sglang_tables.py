@@ -204,3 +204,31 @@ SGLANG_MOE_TP4_EP2 = {
 def test_sglang_moe_ep_smaller_than_tp() -> None:
     resolved = _resolve({"bundled": "tiny-qwen3-moe"}, {"preset": "sglang", "mesh": {"tp": 4, "ep": 2}})
     _check_table(resolved.rollout.ranks, SGLANG_MOE_TP4_EP2, strip="model.layers.0.")
+
+
+# ---- SGLang's CPU engine (cpu_pad: true) -------------------------------------------------------
+# python/sglang/srt/configs/update_config.py: adjust_config_with_unaligned_cpu_tp pads
+# moe_intermediate_size / intermediate_size to a multiple of tp * DEFAULT_MOE_PADDING_SIZE (32) when
+# they do not divide: tiny-qwen3-moe-vllm's 32 becomes 64 at TP 2, 32 rows per rank, so rank 0 holds
+# the real rows and rank 1 only zeros (what an integrator found: "TP rank 1 held only zeros").
+SGLANG_CPU_MOE_TP2 = {
+    "model.layers.0.mlp.experts.w13_weight": [
+        ((8, 64, 64), [f"[{e}:{e + 1}, 0:32, 0:64] <- mlp.experts.{e}.gate_proj.weight[0:32, 0:64]" for e in range(8)]
+         + [f"[{e}:{e + 1}, 32:64, 0:64] <- mlp.experts.{e}.up_proj.weight[0:32, 0:64]" for e in range(8)]),
+        ((8, 64, 64), []),  # rank 1: padding only
+    ],
+    "model.layers.0.mlp.experts.w2_weight": [
+        ((8, 64, 32), [f"[{e}:{e + 1}, 0:64, 0:32] <- mlp.experts.{e}.down_proj.weight[0:64, 0:32]" for e in range(8)]),
+        ((8, 64, 32), []),
+    ],
+}
+
+
+def test_sglang_cpu_pad_pads_the_moe_intermediate_size_to_tp_times_32() -> None:
+    model = {"bundled": "tiny-qwen3-moe-vllm"}
+    resolved = _resolve(model, {"preset": "sglang", "mesh": {"tp": 2}, "params": {"cpu_pad": True}})
+    _check_table(resolved.rollout.ranks, SGLANG_CPU_MOE_TP2, strip="model.layers.0.")
+    # sizes that divide (tiny-qwen2-vllm: intermediate 256 at TP 2) are not padded: the GPU layout
+    dense = {"bundled": "tiny-qwen2-vllm"}
+    plain = _resolve(dense, {"preset": "sglang", "mesh": {"tp": 2}}).rollout.ranks
+    assert _resolve(dense, {"preset": "sglang", "mesh": {"tp": 2}, "params": {"cpu_pad": True}}).rollout.ranks == plain

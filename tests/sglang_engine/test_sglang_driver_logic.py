@@ -327,3 +327,29 @@ def test_a_failed_update_of_a_released_engine_keeps_its_kv_cache_released():
     with pytest.raises(DeadlineExceeded):
         sync.update(3)
     assert sync.sleeping == {"kv_cache", "cuda_graph"}
+def test_auto_reply_directories_and_reply_files_are_removed(tmp_path, monkeypatch):
+    """Issue 33: ``reply_dir="auto"`` left a ``wb-sglang-*`` directory in /tmp per driver and a reply
+    file per command and TP rank; now each reply is removed once read, and the directory by close(),
+    a failed init, or when the driver is dropped unclosed."""
+    import gc
+    import tempfile
+
+    from weightbridge.integrations.sglang.driver import EngineCallFailed
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mkdtemp's parent: this test's own directory
+    store = _store()
+    sync = _sync(FakeClient(store), store)
+    [reply_dir] = tmp_path.iterdir()
+    for v in (1, 2, 3):
+        assert sync.update(v) == v
+    assert list(reply_dir.iterdir()) == []  # every reply read once, then removed
+    sync.close()
+    assert list(tmp_path.iterdir()) == []
+    _sync(FakeClient(store), store)  # never closed, dropped
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+    refusing = FakeClient(store)
+    refusing.refuse = "no"
+    with pytest.raises(EngineCallFailed, match="init"):
+        _sync(refusing, store)
+    assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,8 @@ per applied version: every SGLang parameter bitwise equal to SGLang's own load (
 of the trainer's full checkpoint, greedy tokens equal to the trainer's HF model, SGLang's
 ``weight_version`` equal to the version; plus the engine refusing a spec whose qkv order disagrees
 with SGLang's loader (and still serving), and the probe cache equal to the ``sglang`` preset
-(``weightbridge diff`` exit 0). In the HTTP case a client without the job secret sends hostile init
+(``weightbridge diff`` exit 0), and a draft with the preset as it comes fitted to that cache
+(``weightbridge fit``) choosing ``cpu_pad`` exactly where SGLang's CPU engine padded. In the HTTP case a client without the job secret sends hostile init
 commands through the server's route after version 1 (``sglang_stranger.py``): each is refused
 typed, runs nothing, and the running bridge applies versions 2-4 bitwise.
 
@@ -101,6 +102,31 @@ def _check(report: dict, tp: int, tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "identical" in proc.stdout
+    _check_fit(probes, tp, tmp_path)
+
+
+def _check_fit(probes: list[Path], tp: int, tmp_path: Path) -> None:
+    """Issue 33: a draft with the sglang preset as it comes (SGLang's GPU layout) fitted to the live
+    workers' probes (`weightbridge fit`) chooses cpu_pad exactly where SGLang's CPU engine padded (the
+    MoE model at TP 2: moe_intermediate_size 32 -> 64) and reproduces every worker (`diff` identical)."""
+    import yaml
+
+    spec = yaml.safe_load((tmp_path / "spec_sync.yaml").read_text())
+    moe = json.loads(Path(spec["model"]["config"]).read_text()).get("moe_intermediate_size")
+    padded = moe is not None and moe % (tp * 32) != 0
+    spec["rollout"].pop("params", None)  # the draft: no cpu_pad
+    (tmp_path / "draft.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    cli = [sys.executable, "-m", "weightbridge"]
+    args = [a for probe in probes for a in ("--probe", f"{json.loads(probe.read_text())['layout']['rank']}={probe}")]
+    fit = subprocess.run(cli + ["fit", str(tmp_path / "draft.yaml"), "--side", "rollout", *args, "-o",
+                                str(tmp_path / "fitted.yaml")], capture_output=True, text=True, timeout=120)
+    assert fit.returncode == 0, fit.stdout + fit.stderr
+    assert f"rollout.params.cpu_pad: {padded}" in fit.stderr, fit.stderr
+    for probe in probes:
+        rank = json.loads(probe.read_text())["layout"]["rank"]
+        same = subprocess.run(cli + ["diff", str(probe), f"{tmp_path / 'fitted.yaml'}:rollout:{rank}"],
+                              capture_output=True, text=True, timeout=120)
+        assert same.returncode == 0 and "identical" in same.stdout, same.stdout + same.stderr
 
 
 def _check_stranger(seen: dict, tp: int) -> None:

@@ -78,6 +78,21 @@ def test_examples_lists_prints_and_copies(capsys: pytest.CaptureFixture[str], tm
     assert code == _run(capsys, "validate", str(toy / "weightbridge.yaml"))[0] == 0
 
 
+def test_examples_copies_the_engine_suites_and_benchmarks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = _run(capsys, "examples")
+    assert code == 0 and "engine_suites" in out and "bench" in out
+    code, out, _ = _run(capsys, "examples", "engine_suites", "--copy", str(tmp_path))
+    suites = tmp_path / "engine_suites"
+    names = ["megatron", "sglang", "vllm"]  # directories NAME_suite: a directory named like a package would shadow it
+    assert code == 0 and sorted(p.name for p in suites.iterdir() if p.is_dir()) == [f"{n}_suite" for n in names]
+    for name in names:
+        assert {p.name for p in (suites / f"{name}_suite").iterdir()} >= {"conftest.py", "weightbridge.yaml",
+                                                                         f"test_wbsuite_{name}.py"}
+        assert _run(capsys, "validate", str(suites / f"{name}_suite" / "weightbridge.yaml"))[0] == 0, name
+    code, out, _ = _run(capsys, "examples", "bench", "--copy", str(tmp_path))
+    assert code == 0 and sorted(p.name for p in (tmp_path / "bench").iterdir()) == ["sglang_update.py", "vllm_update.py"]
+
+
 def test_examples_and_docs_refuse_unknown_names_briefly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = _run(capsys, "examples", "x" * 100_000)
     assert code == 2 and "no example" in err and len(err) < 2000 and "(100000 chars)" in err
@@ -111,9 +126,11 @@ def test_schema_write_refuses_the_installed_copy_and_bad_paths(
     assert code == 2 and "cannot write" in err
 
 
-@pytest.mark.slow
-def test_the_built_wheel_carries_the_shipped_files_and_the_license(tmp_path: Path) -> None:
-    src, dist = tmp_path / "src", tmp_path / "dist"
+@pytest.fixture(scope="module")
+def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The file names in a wheel built from the tracked tree (uncommitted files included, ignored ones not)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src, dist = tmp / "src", tmp / "dist"
     src.mkdir()
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True, timeout=60).stdout.split(b"\0")
@@ -126,7 +143,12 @@ def test_the_built_wheel_carries_the_shipped_files_and_the_license(tmp_path: Pat
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [wheel] = dist.glob("weightbridge_rl-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    return set(zipfile.ZipFile(wheel).namelist())
+
+
+@pytest.mark.slow
+def test_the_built_wheel_carries_the_shipped_files_and_the_license(wheel_names: set[str]) -> None:
+    names = wheel_names
     carried = {n.removeprefix("weightbridge/_shipped/") for n in names if n.startswith("weightbridge/_shipped/")}
     assert carried == set(shipped.files())
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
@@ -134,3 +156,45 @@ def test_the_built_wheel_carries_the_shipped_files_and_the_license(tmp_path: Pat
                  "weightbridge/py.typed", "mcp_server/server.py", "weightbridge/testing/plugin.py"):
         assert must in names, must
     assert not any(n.startswith(("tests/", "spec/", "bench/")) for n in names)
+
+
+# A path into weightbridge's tree, as guides write them (`bench/vllm_update.py`, `tests/x/`, ...).
+_TREE_PATH = re.compile(r"(?<![\w./$-])((?:tests|bench|\.ci|examples|spec|docs|integration_guides|weightbridge|"
+                        r"mcp_server)/[\w./-]*)")
+# "(the repository's `tests/a.py` and `tests/b/`)": citations of the source repository (where something
+# is tested), not files the reader is pointed to use; they run to the end of the clause.
+_CITED = re.compile(r"the repository's [^.();]*$", re.IGNORECASE)
+
+
+def tree_paths_missing(text: str, names: set[str]) -> list[str]:
+    """``line: path`` for every path ``text`` names that a wheel with ``names`` lacks (neither a
+    module of the package nor a shipped file or directory), repository citations excepted."""
+    carried = {n.removeprefix("weightbridge/_shipped/") for n in names if n.startswith("weightbridge/_shipped/")}
+    missing = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in _TREE_PATH.finditer(line):
+            path = match.group(1).rstrip(".").rstrip("/")
+            if _CITED.search(_TREE_PATH.sub("", line[:match.start()])):  # paths' own dots end no clause
+                continue
+            if not any(path in have or any(n.startswith(path + "/") for n in have) for have in (names, carried)):
+                missing.append(f"{number}: {match.group(1)}")
+    return missing
+
+
+def test_the_guide_path_check_sees_what_a_wheel_lacks() -> None:
+    names = {"weightbridge/_shipped/examples/engine_suites/vllm/conftest.py", "weightbridge/bridge.py"}
+    text = ("run `examples/engine_suites/vllm/` and `weightbridge/bridge.py`\n"
+            "then `python bench/vllm_update.py`, see tests/vllm_engine/ (the repository's `tests/x.py` and `.ci/y`)\n"
+            "(the repository's `tests/z.py`). And `tests/w.py`\n")
+    assert tree_paths_missing(text, names) == ["2: bench/vllm_update.py", "2: tests/vllm_engine/", "3: tests/w.py"]
+
+
+@pytest.mark.slow
+def test_every_path_an_integration_guide_names_is_in_the_wheel(wheel_names: set[str]) -> None:
+    """Issue 33: the guides pointed wheel users to tests/conformance/vllm_suite/, bench/vllm_update.py,
+    .ci/sglang_venv.sh, ... which only a source checkout has."""
+    guides = [f for f in shipped.files() if f.startswith("integration_guides/") or
+              (f.startswith("examples/") and f.endswith(".md"))]
+    assert "integration_guides/vllm.md" in guides and "examples/engine_suites/README.md" in guides
+    missing = {doc: tree_paths_missing((REPO / doc).read_text(), wheel_names) for doc in guides}
+    assert {doc: m for doc, m in missing.items() if m} == {}

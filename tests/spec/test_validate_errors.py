@@ -104,3 +104,28 @@ def test_tp_not_dividing_kv_heads_points_at_mesh_axis() -> None:
     _, problems = check_text(VALID.replace("{tp: 2}", "{tp: 3}"), "t.yaml")
     assert [p.path for p in problems] == ["$.rollout.mesh.tp"]
     assert problems[0].line == 4
+
+
+def test_validate_warns_for_each_side_never_checked_against_a_live_loader(tmp_path: Path) -> None:
+    """Issue 33: a spec that validates can still describe another layout than the live framework
+    holds; a side without pins (the fingerprints of a probe of its own loader) is now named."""
+    import json
+
+    from weightbridge.layout.normalize import layout_fingerprint
+
+    resolved, _ = check_text(VALID)
+    pins = {side: {i: layout_fingerprint(resolved.side(side).ranks[i]) for i in range(2)}
+            for side in ("trainer", "rollout")}  # rollout: local ranks 0, 1 of an instance
+    cases = {"none": VALID,
+             "trainer": VALID.replace("mesh: {dp: 2}}", f"mesh: {{dp: 2}}, pins: {json.dumps(pins['trainer'])}}}"),
+             "both": VALID.replace("mesh: {dp: 2}}", f"mesh: {{dp: 2}}, pins: {json.dumps(pins['trainer'])}}}")
+                          .replace("mesh: {tp: 2}}", f"mesh: {{tp: 2}}, pins: {json.dumps(pins['rollout'])}}}")}
+    got = {}
+    for name, text in cases.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        out = subprocess.run([sys.executable, "-m", "weightbridge", "validate", str(tmp_path / f"{name}.yaml")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and ": ok — " in out.stdout, out.stderr
+        got[name] = [line.split(": warning: ")[1].split(":")[0] for line in out.stderr.splitlines()]
+        assert all("never checked against a live loader" in line for line in out.stderr.splitlines())
+    assert got == {"none": ["trainer", "rollout"], "trainer": ["rollout"], "both": []}

@@ -105,7 +105,8 @@ class FakeRoutes(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake():
-    FakeRoutes.calls, FakeRoutes.fail, FakeRoutes.reply = [], {}, {}
+    FakeRoutes.calls, FakeRoutes.reply = [], {}
+    FakeRoutes.fail = {"/reset_prefix_cache": (200, {"success": True})}  # what vLLM answers when it reset
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeRoutes)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -161,7 +162,7 @@ def test_a_server_recreates_only_weightbridge_errors(fake):
 
 def test_servers_update_inside_pause_and_resume_with_the_applied_label(fake):
     from weightbridge.integrations._engine.init_command import InitGate
-    from weightbridge.integrations.vllm.server import VLLMServers
+    from weightbridge.integrations.vllm.server import ServerError, VLLMServers
 
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
     servers = VLLMServers([fake], SPEC, host="127.0.0.1", port=store.port, probe="off", pause="wait")
@@ -175,11 +176,65 @@ def test_servers_update_inside_pause_and_resume_with_the_applied_label(fake):
     for r in (0, 1):
         _ack(store, r, 5)
     assert servers.update(5, clear_cache=False) == [5]
-    assert [c[0] for c in FakeRoutes.calls] == ["/pause", "/start_weight_update", "/update_weights",
-                                                "/finish_weight_update", "/resume"]
-    assert FakeRoutes.calls[0][1] == "mode=wait&clear_cache=false"
+    assert [c[0] for c in FakeRoutes.calls] == ["/sleep", "/start_weight_update", "/update_weights",
+                                                "/finish_weight_update", "/wake_up"]
+    assert FakeRoutes.calls[0][1] == "level=0&mode=wait" and FakeRoutes.calls[4][1] == "tags=scheduling"
     assert FakeRoutes.calls[2][2] == {"update_info": {"version": 5, "timeout_s": 5.0}}
     assert FakeRoutes.calls[3][2] == {"weight_version": "5"}
+    FakeRoutes.calls.clear()  # clearing the cache resets the prefix cache, running requests included
+    for r in (0, 1):
+        _ack(store, r, 6)
+    assert servers.update(6) == [6]
+    assert [c[:2] for c in FakeRoutes.calls[:2]] == [
+        ("/sleep", "level=0&mode=wait"), ("/reset_prefix_cache", "reset_running_requests=true&reset_external=true")]
+    FakeRoutes.calls.clear()  # a cache vLLM could not reset: resumed, nothing updated, the server named
+    FakeRoutes.fail["/reset_prefix_cache"] = (200, {"success": False})
+    with pytest.raises(ServerError, match="reset_prefix_cache.*cache not reset"):
+        servers.update(6)
+    assert [c[0] for c in FakeRoutes.calls] == ["/sleep", "/reset_prefix_cache", "/wake_up"]
+
+
+def test_servers_with_pause_route_pause_use_vllms_pause_and_resume(fake):
+    from weightbridge.integrations.vllm.server import VLLMServers
+
+    store = open_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    servers = VLLMServers([fake], SPEC, host="127.0.0.1", port=store.port, probe="off", pause_route="pause")
+    for r in (0, 1):
+        _ack(store, r, 5)
+    assert servers.update(5) == [5]
+    assert [c[:2] for c in FakeRoutes.calls] == [
+        ("/pause", "mode=keep&clear_cache=true"), ("/start_weight_update", ""), ("/update_weights", ""),
+        ("/finish_weight_update", ""), ("/resume", "")]
+    with pytest.raises(ValueError, match="pause_route"):
+        VLLMServers([fake], SPEC, host="127.0.0.1", port=store.port, pause_route="none")
+
+
+_BLOCK_VLLM = """
+import sys
+tried = []
+class RefuseVllm:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "vllm":
+            tried.append(name)
+            raise ImportError("refused: " + name)
+sys.meta_path.insert(0, RefuseVllm())
+from weightbridge.integrations.vllm import VLLMServers
+from weightbridge.integrations.vllm.server import VLLMServer
+print(sorted(tried), sorted(m for m in sys.modules if m.split(".")[0] == "vllm"))
+"""
+
+
+def test_importing_the_http_only_servers_client_imports_no_vllm():
+    """Issue 33: the trainer that drives ``vllm serve`` over HTTP imported all of vLLM (~5 s) through
+    the package's import-time backend registration; it now registers only where vLLM is loaded."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _BLOCK_VLLM], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] []"
 
 
 def test_a_failed_server_update_is_finished_resumed_and_raised_typed(fake):
@@ -195,9 +250,9 @@ def test_a_failed_server_update_is_finished_resumed_and_raised_typed(fake):
     with pytest.raises(PeerFailed, match="trainer 0"):
         servers.update(2)
     routes = [c[0] for c in FakeRoutes.calls]
-    assert routes == ["/pause", "/start_weight_update", "/update_weights", "/collective_rpc",
-                      "/finish_weight_update", "/resume"]
-    assert FakeRoutes.calls[4][2] is None  # nothing applied: vLLM's label stays
+    assert routes == ["/sleep", "/reset_prefix_cache", "/start_weight_update", "/update_weights",
+                      "/collective_rpc", "/finish_weight_update", "/wake_up"]
+    assert FakeRoutes.calls[5][2] is None  # nothing applied: vLLM's label stays
 
 
 def test_servers_refuse_a_url_count_that_is_not_the_spec_instances(fake):

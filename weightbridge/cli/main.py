@@ -35,7 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Subcommand modules, in help order. A module missing here is simply not offered.
-_COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models", "demo", "probe", "diff", "rules", "examples", "docs", "store", "secret")
+_COMMANDS = ("validate", "explain", "plan", "schema", "presets", "models", "demo", "probe", "fit", "diff", "rules",
+             "examples", "docs", "store", "secret")
 
 
 DISTRIBUTION = "weightbridge-rl"  # the name pip knows it by; `import weightbridge`, command `weightbridge`

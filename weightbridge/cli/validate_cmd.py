@@ -1,4 +1,7 @@
-"""``weightbridge validate SPEC...``: schema + semantic checks, every problem, exit 2 on any."""
+"""``weightbridge validate SPEC...``: schema + semantic checks, every problem, exit 2 on any.
+
+A valid spec whose side has no ``pins`` gets a warning on stderr (``warnings`` in ``--json``): its
+layout was never checked against a live loader (:func:`weightbridge.spec.sides.unchecked_sides`)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import sys
 
 from weightbridge.cli.common import EXIT_OK, EXIT_USAGE, print_json
 from weightbridge.spec.resolve import check_spec
+from weightbridge.spec.sides import unchecked_sides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,13 +30,17 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 for p in problems:
                     print(p, file=sys.stderr)
-        elif not args.json and resolved is not None:
+        warnings = unchecked_sides(resolved.spec) if resolved is not None and not problems else []
+        if not problems and not args.json and resolved is not None:
             t, r = resolved.trainer, resolved.rollout
             print(
                 f"{path}: ok — {len(resolved.canonical)} canonical tensors; "
                 f"trainer {t.world_size} ranks, rollout {r.num_instances} x {r.world_size // max(1, r.num_instances)} ranks"
             )
-        report.append({"spec": path, "valid": not problems, "problems": [p.to_json() for p in problems]})
+            for w in warnings:
+                print(f"{path}: warning: {w}", file=sys.stderr)
+        report.append({"spec": path, "valid": not problems, "problems": [p.to_json() for p in problems],
+                       "warnings": warnings})
     if args.json:
         print_json(report if len(report) > 1 else report[0])
     elif failed:

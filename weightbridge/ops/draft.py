@@ -31,6 +31,42 @@ _MODE_NOTE = {
 }
 
 
+# Mesh axes whose default is not 1 (weightbridge.layout.mesh derives them as the framework does).
+_DERIVED_AXES = {
+    ("megatron", "etp"): "tp (Megatron's default expert_tensor_parallel_size; give etp: 1 to keep experts whole "
+                         "per EP rank)",
+}
+
+
+def framework_notes(trainer_preset: str, rollout_preset: str, *, moe: bool) -> list[str]:
+    """What a preset assumes about the framework's memory layout that a live system may contradict,
+    each with how to change it. ``moe``: the model has experts (the expert notes are stated only then)."""
+    notes = []
+    if trainer_preset == "megatron":
+        notes.append("trainer.params.local_spec: false (Transformer Engine layer spec: layer norms fused into "
+                     "linear_qkv.layer_norm_weight / linear_fc1.layer_norm_weight; Megatron's local spec, "
+                     "get_gpt_layer_local_spec, keeps input_layernorm / pre_mlp_layernorm: set local_spec: true)")
+        if moe:
+            notes.append("trainer.params.moe_grouped_gemm: true (TEGroupedMLP experts linear_fc1.weight{i}; "
+                         "SequentialMLP experts.local_experts.{i}: set moe_grouped_gemm: false)")
+    if trainer_preset == "fsdp2" and moe:
+        notes.append("trainer.params.fused_experts: true (transformers >= 5 keeps each layer's experts fused in "
+                     "memory, mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj, sharded over dp by "
+                     "FSDP2; transformers < 5 holds one tensor per expert under checkpoint names: set "
+                     "fused_experts: false)")
+    if rollout_preset == "sglang":
+        notes.append("rollout.params.cpu_pad: false (SGLang's GPU layout. SGLang on CPU pads dense and MoE "
+                     "intermediate sizes to a multiple of tp * 32, a rank may hold only padding: set cpu_pad: true, "
+                     "whose rules use pad: {dim: 0, multiple: \"tp * 32\"} (pad.multiple takes expressions); it "
+                     "also pads KV heads to a multiple of tp, which no param describes: choose tp dividing them)")
+    if rollout_preset in ("vllm", "sglang"):
+        notes.append(f"rollout.params.vocab_multiple: 64 (the {rollout_preset} vocabulary padding before the tp split)")
+    notes.append("layouts: from the presets, not from your processes; `weightbridge probe --check` (or the "
+                 "conformance suite's probe-agrees requirements) compares them with the live loaders, and pins: "
+                 "records what was checked")
+    return notes
+
+
 @dataclass(frozen=True)
 class Draft:
     """A drafted spec: YAML ``text`` and one line per default it filled in."""
@@ -43,8 +79,11 @@ def _side(name: str, preset: str, mesh: Mapping[str, int], instances: int | None
     family = load_preset(preset).family
     axes = list(family.user_axes) + [a for a, _ in family.defaults]
     unset = [a for a in axes if a not in mesh]
-    if unset:
-        notes.append(f"{name}.mesh: {', '.join(unset)} not given, so 1 (axes of the {preset} preset: {', '.join(axes)})")
+    derived = [a for a in unset if (preset, a) in _DERIVED_AXES]
+    ones = [a for a in unset if a not in derived]
+    if ones:
+        notes.append(f"{name}.mesh: {', '.join(ones)} not given, so 1 (axes of the {preset} preset: {', '.join(axes)})")
+    notes.extend(f"{name}.mesh.{a}: not given, so {_DERIVED_AXES[preset, a]}" for a in derived)
     out: dict[str, Any] = {"preset": preset}
     if name == "rollout":
         if instances is None:

@@ -16,7 +16,7 @@ from weightbridge.layout.normalize import layout_fingerprint
 from weightbridge.layout.presets import load_preset, merge_rules
 from weightbridge.layout.templates import skeleton
 from weightbridge.spec.errors import SpecProblem
-from weightbridge.spec.models import NO_PRESET, SideSpec
+from weightbridge.spec.models import NO_PRESET, SideSpec, Spec
 from weightbridge.spec.yaml_source import YamlSource, child_path
 
 
@@ -237,3 +237,21 @@ def world_problem(side: str, spec_side: SideSpec) -> tuple[str, str, str] | None
         f"weightbridge lays out at most {MAX_WORLD:,} per side",
         "check the mesh sizes and instances",
     )
+
+
+def unchecked_sides(spec: Spec) -> list[str]:
+    """A warning per side whose layout nothing live has confirmed: it has no ``pins`` (the layout
+    fingerprints ``weightbridge probe`` prints after probing that side's own loader). Such a layout
+    is the preset's (and the rules') description of the framework, which a live system may
+    contradict (another layer spec, fused experts, engine padding): a spec that validates can still
+    be wrong. Pure (no torch); the spec must have resolved."""
+    out = []
+    for name in ("trainer", "rollout"):
+        side = getattr(spec, name)
+        if not side.pins:
+            what = f"the {side.preset} preset" + (" and its rules" if side.rules else "") if side.preset != NO_PRESET \
+                else "its rules"
+            out.append(f"{name}: layout from {what}, never checked against a live loader (no {name}.pins): run "
+                       f"`weightbridge probe SPEC --loader MODULE:FACTORY --side {name} --rank R -o probe.json "
+                       f"--check` (or the conformance suite) and pin the fingerprint it prints")
+    return out

@@ -41,7 +41,9 @@ class ConformanceSuite:
 
     Class attributes an integration may set: ``known_gaps`` ({requirement id: reason}: run as
     strict xfail), ``timeout_s`` (the runs' ``sync.timeout_s``), ``startup_s`` (time allowed
-    for building a side: engine start), ``slack_s`` (scheduling slack on deadlines),
+    for building a side: engine start; unset, both are the largest of this class's defaults and
+    the factories' ``suite_settings``: weightbridge's vLLM and SGLang units ask for what a real
+    engine needs), ``slack_s`` (scheduling slack on deadlines),
     ``preload`` (modules the fork server imports once, e.g. the engine).
     """
 
@@ -50,6 +52,20 @@ class ConformanceSuite:
     startup_s: ClassVar[float] = 30.0
     slack_s: ClassVar[float] = 2.0
     preload: ClassVar[tuple[str, ...]] = ()
+
+    def _setting(self, name: str, *factories: str) -> float:
+        """``name`` as the integration's class sets it; else the largest a factory asks for (its
+        ``suite_settings`` dict: an engine's unit knows its start-up time, e.g.
+        ``weightbridge.integrations.vllm.conformance:build_rollout``); else this class's default."""
+        from weightbridge.testing.contract import load_factory
+
+        for klass in type(self).__mro__:
+            if klass is ConformanceSuite:
+                break
+            if name in vars(klass):
+                return float(getattr(self, name))
+        asked = [getattr(load_factory(ref), "suite_settings", {}).get(name) for ref in factories]
+        return float(max([getattr(ConformanceSuite, name)] + [a for a in asked if isinstance(a, (int, float))]))
 
     @pytest.fixture
     def wb_runner(self, request, tmp_path_factory):
@@ -78,8 +94,8 @@ class ConformanceSuite:
                 pytest.fail(f"wb_rollout_scope must be 'rank' or 'instance', got {scope!r}", pytrace=False)
             cache[owner] = Runner(Integration(
                 spec_path=spec, trainer=trainer, rollout=rollout, scope=scope,
-                workdir=tmp_path_factory.mktemp("wbconf"), timeout_s=self.timeout_s, startup_s=self.startup_s,
-                preload=tuple(self.preload),
+                workdir=tmp_path_factory.mktemp("wbconf"), timeout_s=self._setting("timeout_s", trainer, rollout),
+                startup_s=self._setting("startup_s", trainer, rollout), preload=tuple(self.preload),
             ))
         return cache[owner]
 
@@ -242,7 +258,7 @@ class ConformanceSuite:
                 v.add(f"{slow.label}: never had a second version ready to apply")
             elif held[0]["released_by"] is None:
                 v.add(f"{slow.label}: held version 2 unapplied, but trainer 0's push(3) neither failed nor returned "
-                      f"within {3 * self.timeout_s + 5:.0f}s")
+                      f"within {3 * wb_runner.integ.timeout_s + 5:.0f}s")
             for proc in run.role("trainer"):
                 ends = {e["version"]: e for e in proc.events if e["kind"] in ("pushed", "error")}
                 e3 = ends.get(3)
@@ -280,7 +296,7 @@ class ConformanceSuite:
         n = wb_runner.integ.resolved.trainer.world_size
         victim = f"trainer {n - 1}"
         if self._killed(v, run) and v.processes_ok(allow=(victim,)):
-            limit = self.timeout_s + self.slack_s
+            limit = wb_runner.integ.timeout_s + self.slack_s
             survivors = [p for p in run.procs if p.role == "trainer" and p.label.startswith("trainer ")
                          and "restarted" not in p.label and p.label != victim]
             for proc in survivors:
@@ -336,7 +352,8 @@ class ConformanceSuite:
         victim = run.role("rollout")[-1].label
         if self._killed(v, run) and v.processes_ok(allow=(victim,)):
             for proc in run.role("trainer"):
-                typed_error_in_time(v, proc, run.killed_at, self.timeout_s + self.slack_s, f"{victim} died", version=2)
+                typed_error_in_time(v, proc, run.killed_at, wb_runner.integ.timeout_s + self.slack_s, f"{victim} died",
+                                    version=2)
         v.done()
 
     @requirement("fault.no-receiver.deadline")
@@ -346,7 +363,7 @@ class ConformanceSuite:
         if v.processes_ok():
             for proc in run.role("trainer"):
                 started = proc.events[0]["start"] if proc.events else 0.0
-                typed_error_in_time(v, proc, started, self.timeout_s + self.slack_s, "push(1) started")
+                typed_error_in_time(v, proc, started, wb_runner.integ.timeout_s + self.slack_s, "push(1) started")
         v.done()
 
     # -- membership and handshake ------------------------------------------------------------

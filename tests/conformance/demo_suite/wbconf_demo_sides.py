@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from weightbridge.bridge import RolloutBridge
-from weightbridge.testing._internal.fsdp2 import FSDP2TrainerRank
+from weightbridge.demo.fsdp2 import FSDP2TrainerRank
 from weightbridge.tensors import empty_like_layout
 
 

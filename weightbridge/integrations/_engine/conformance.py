@@ -40,16 +40,47 @@ from weightbridge.integrations._engine.hooks import TEST_HOOKS_ENV
 log = logging.getLogger(__name__)
 
 
-def model_dir_of(spec_path: str | Path) -> Path:
-    """The checkpoint directory of the spec's ``model.config`` (the engine loads the model from there)."""
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+
+
+def engine_model(spec_path: str | Path, workdir: str | Path) -> tuple[Path, bool]:
+    """The directory the engine loads the spec's model from, and whether it holds weights.
+
+    No checkpoint on disk is needed: the suite compares what the engine received with what the
+    trainer sent, never with a file. ``model.config`` (a ``config.json`` or its directory): that
+    directory, with its weights when it has any, else the engine builds the model from the config
+    with dummy weights (``load_format="dummy"``); ``model.bundled``: its config written to
+    ``workdir/engine-model/config.json``, dummy weights; ``model.safetensors``: that checkpoint's
+    directory (it must hold the ``config.json``). Raises ``ValueError`` naming the spec otherwise."""
+    import shutil
+
     import yaml
 
+    from weightbridge.canonical.bundled import model_config_json
+
     spec_path = Path(spec_path)
-    cfg = (yaml.safe_load(spec_path.read_text()).get("model") or {}).get("config")
-    path = Path(cfg) if isinstance(cfg, str) and Path(cfg).is_absolute() else spec_path.parent / str(cfg)
-    if not isinstance(cfg, str) or not path.is_file():
-        raise ValueError(f"{spec_path}: model.config {path} is not a file (the engine needs the checkpoint directory)")
-    return path.parent
+    model = (yaml.safe_load(spec_path.read_text()) or {}).get("model") or {}
+    config = model_config_json(model, spec_path.parent)
+    if isinstance(model.get("bundled"), str) and config is not None:
+        target = Path(workdir) / "engine-model"
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / f"config.json.{os.getpid()}.tmp"  # every instance of the run writes it: atomically
+        shutil.copyfile(config, tmp)
+        os.replace(tmp, target / "config.json")
+        return target, False
+    key = "config" if config is not None else "safetensors"
+    if config is None and isinstance(model.get("safetensors"), str):
+        path = Path(model["safetensors"])
+        config = (path if path.is_absolute() else spec_path.parent / path)
+        config = (config if config.is_dir() else config.parent) / "config.json"
+    if config is None:
+        raise ValueError(f"{spec_path}: the engine needs the model's config: give model.config (a config.json, "
+                         "weights beside it optional) or model.bundled")
+    if not config.is_file():
+        raise ValueError(f"{spec_path}: model.{key}: no config.json in {config.parent} (the engine builds the "
+                         "model from it; point model.config at the model's config.json)")
+    folder = config.parent
+    return folder, any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES)
 
 
 class EngineRolloutUnit:

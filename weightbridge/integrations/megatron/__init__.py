@@ -13,6 +13,8 @@ plus ``numpy packaging einops``; see ``integration_guides/megatron.md``).
   distributed optimizer and ``overlap_param_gather`` the replicas hold stale parameters until the
   next forward: ``BridgeOptions(before_push=param_sync_hook(model))`` gathers them before every
   push (or refuses it with ``StaleParameters``).
+* :mod:`~weightbridge.integrations.megatron.cpu_trainer` — a Megatron-Core trainer rank on CPU
+  (``MegatronTrainerRank``: a conformance-suite ``wb_trainer`` factory).
 
 Everything imports lazily: importing this package needs neither Megatron nor torch.distributed.
 """

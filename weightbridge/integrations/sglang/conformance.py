@@ -32,12 +32,18 @@ class SGLangRolloutUnit(EngineRolloutUnit):
     probe_cache = "sglang-probe"
 
     def __init__(self, ctx: Any, **engine_kwargs: Any) -> None:
-        from weightbridge.integrations._engine.conformance import model_dir_of
+        """``engine_kwargs``: more ``sglang.Engine`` arguments (over
+        :data:`~weightbridge.integrations.sglang.cpu_engine.ENGINE_ARGS`). No checkpoint is needed:
+        without weights beside the spec's ``model.config`` (or with ``model.bundled``) SGLang builds
+        the model with dummy weights (:func:`~weightbridge.integrations._engine.conformance.engine_model`)."""
+        from weightbridge.integrations._engine.conformance import engine_model
         from weightbridge.integrations.sglang.cpu_engine import make_engine
         from weightbridge.integrations.sglang.driver import SGLangWeightSync
 
         tp = int(ctx.resolved().spec.rollout.mesh.get("tp", 1))
-        model_dir = model_dir_of(ctx.spec_path)
+        model_dir, has_weights = engine_model(ctx.spec_path, ctx.workdir)
+        if not has_weights:
+            engine_kwargs.setdefault("load_format", "dummy")
         self._start(ctx, lambda: make_engine(model_dir, tp, **engine_kwargs),
                     lambda **kw: SGLangWeightSync(self.engine, ctx.spec_path, staging=True, probe="check", **kw))
 
@@ -60,3 +66,8 @@ class SGLangRolloutUnit(EngineRolloutUnit):
 def build_rollout(ctx: Any) -> SGLangRolloutUnit:
     """``wb_rollout`` factory (scope ``"instance"``): one SGLang engine per rollout instance."""
     return SGLangRolloutUnit(ctx)
+
+
+# What an SGLang engine needs from the suite (ConformanceSuite uses these unless the class sets its
+# own): an engine start takes 25-150 s on a small CPU machine; every command is an SGLang session.
+build_rollout.suite_settings = {"startup_s": 300.0, "timeout_s": 15.0}

@@ -26,11 +26,12 @@ import pickle
 import shutil
 import tempfile
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations._engine.driver import InstanceDriver
-from weightbridge.integrations.sglang.commands import LOADER, Command, encode, read_reply
+from weightbridge.integrations.sglang.commands import LOADER, Command, encode, read_reply, reply_path
 
 if TYPE_CHECKING:
     from weightbridge.runtime.options import BridgeOptions
@@ -182,12 +183,19 @@ class SGLangWeightSync(InstanceDriver):
                                  cache_dir=cache_dir, options=options, moved=moved)
         self.client = HTTPClient(engine, api_key=api_key) if isinstance(engine, str) else client_for(engine)
         self.flush_cache = flush_cache
-        self._own_reply_dir = reply_dir == "auto"
         self.reply_dir = tempfile.mkdtemp(prefix="wb-sglang-") if reply_dir == "auto" else reply_dir
+        # an "auto" directory is this object's: removed by close(), a failed init, garbage collection
+        # or interpreter exit, whichever comes first (a driver nobody closes leaves nothing in /tmp)
+        self._remove_reply_dir = (weakref.finalize(self, shutil.rmtree, self.reply_dir, True)
+                                  if reply_dir == "auto" else None)
         self._seq = 0
         self.sleeping: set[str] = set()  # SGLang's memory tags this driver released (sleep())
-        self.initial_label = self.client.weight_version()
-        self.call("init", **prepared.sealed())
+        try:
+            self.initial_label = self.client.weight_version()
+            self.call("init", **prepared.sealed())
+        except BaseException:
+            self._drop_reply_dir()
+            raise
 
     # -- the protocol -----------------------------------------------------------------------------
     def call(self, op: str, *, weight_version: str | None = None, flush_cache: bool = False, raise_errors: bool = True,
@@ -224,6 +232,7 @@ class SGLangWeightSync(InstanceDriver):
         replies = []
         for tp_rank in range(self.client.tp_size):
             reply = read_reply(self.reply_dir, self._seq, tp_rank)
+            reply_path(self.reply_dir, self._seq, tp_rank).unlink(missing_ok=True)  # read once: none pile up
             if reply is None and not every:
                 continue
             if reply is None:
@@ -333,13 +342,23 @@ class SGLangWeightSync(InstanceDriver):
         """The worker's receive buffers (its checkpoint-format shard), read back bit-exact."""
         from safetensors.torch import load_file
 
-        return load_file(self.call("buffers")[tp_rank]["path"])
+        replies = self.call("buffers")  # each TP rank wrote {reply_dir}/{seq}-{tp_rank}.safetensors
+        paths = [reply_path(self.reply_dir, self._seq, rank, "safetensors") for rank in range(len(replies))]
+        try:
+            return load_file(paths[tp_rank])
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Leave the bridge in every worker (the engine keeps serving its weights)."""
         try:
             self.call("close")
         finally:
-            if self._own_reply_dir and self.reply_dir is not None:
-                shutil.rmtree(self.reply_dir, ignore_errors=True)
-                self.reply_dir = None
+            self._drop_reply_dir()
+
+    def _drop_reply_dir(self) -> None:
+        """Remove the "auto" reply directory (no more replies are read then)."""
+        if self._remove_reply_dir is not None:
+            self._remove_reply_dir()
+            self.reply_dir = None

@@ -29,7 +29,9 @@ weightbridge versions that generated it: :func:`~weightbridge.integrations.vllm.
 
 Without the entry point (a PYTHONPATH checkout) pass
 ``worker_extension_cls="weightbridge.integrations.vllm.WorkerExtension"`` too: importing it
-registers the backend in the worker before the engine is created.
+registers the backend in the worker before the engine is created (the package registers on import
+only where vLLM is already loaded; a worker in this process, vLLM's ``uni`` executor, needs
+:func:`register` called before the engine is created when the package was imported first).
 
 Processes: the driver (where ``LLM`` lives) only sends control calls; each vLLM worker (one
 per TP/PP rank, spawned by vLLM) runs :class:`~weightbridge.integrations.vllm.engine.WeightbridgeEngine`,
@@ -39,6 +41,7 @@ which probes vLLM's own ``load_weights`` once, joins the bridge as rollout rank
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from weightbridge.integrations.vllm.protocol import BACKEND  # defined beside the protocol's values (no cycle)
@@ -191,7 +194,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-try:  # registering on import is what makes worker_extension_cls work without the entry point
-    register()
-except ImportError:
-    pass
+# Registering on import is what makes ``worker_extension_cls`` work without the entry point: vLLM
+# imports that class in its workers, where vLLM is already loaded. A process that has not loaded
+# vLLM (the trainer importing the HTTP-only VLLMServers) must not pay for importing it here (~5 s).
+if "vllm" in sys.modules:
+    try:
+        register()
+    except ImportError:
+        pass

@@ -35,16 +35,22 @@ class VLLMRolloutUnit(EngineRolloutUnit):
     POLL_INTERVAL_S = 0.02  # poll() is one RPC round trip to every worker
     probe_cache = "vllm-probe"
 
-    def __init__(self, ctx: Any, **llm_kwargs: Any) -> None:
-        from weightbridge.integrations._engine.conformance import model_dir_of
+    def __init__(self, ctx: Any, *, in_process: bool = True, **llm_kwargs: Any) -> None:
+        """``llm_kwargs``: more ``vllm.LLM`` arguments (over :func:`~weightbridge.integrations.vllm.cpu_engine.make_llm`'s
+        CPU settings). ``in_process``: the engine core (and at TP 1 the single worker) runs in this
+        rank process: two process starts and vLLM imports fewer, ~25 s per scenario on a small CPU
+        machine; TP > 1 keeps vLLM's workers. No checkpoint is needed: without weights beside the
+        spec's ``model.config`` (or with ``model.bundled``) vLLM builds the model with dummy weights
+        (:func:`~weightbridge.integrations._engine.conformance.engine_model`)."""
+        from weightbridge.integrations._engine.conformance import engine_model
         from weightbridge.integrations.vllm.cpu_engine import make_llm
         from weightbridge.integrations.vllm.driver import VLLMWeightSync
 
         tp = int(ctx.resolved().spec.rollout.mesh.get("tp", 1))
-        model_dir = model_dir_of(ctx.spec_path)
-        # The engine core (and at TP 1 the single worker) runs in this rank process: two process
-        # starts and vLLM imports fewer, ~25 s per scenario here. TP > 1 keeps vLLM's workers.
-        self._start(ctx, lambda: make_llm(model_dir, tp, in_process=not llm_kwargs, **llm_kwargs),
+        model_dir, has_weights = engine_model(ctx.spec_path, ctx.workdir)
+        if not has_weights:
+            llm_kwargs.setdefault("load_format", "dummy")
+        self._start(ctx, lambda: make_llm(model_dir, tp, in_process=in_process, **llm_kwargs),
                     lambda **kw: VLLMWeightSync(self.engine, ctx.spec_path, staging=True, probe="check", **kw))
 
     def _poll_workers(self) -> list[dict[str, Any]]:
@@ -75,3 +81,9 @@ class VLLMRolloutUnit(EngineRolloutUnit):
 def build_rollout(ctx: Any) -> VLLMRolloutUnit:
     """``wb_rollout`` factory (scope ``"instance"``): one vLLM engine per rollout instance."""
     return VLLMRolloutUnit(ctx)
+
+
+# What a vLLM engine needs from the suite (ConformanceSuite uses these unless the class sets its own):
+# an engine start with the loader probe takes 30-150 s on a small CPU machine, and an update waits
+# for the engine's RPCs beside the trainer's push.
+build_rollout.suite_settings = {"startup_s": 180.0, "timeout_s": 10.0}

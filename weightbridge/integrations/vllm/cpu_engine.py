@@ -34,7 +34,9 @@ def make_llm(model_dir: str | Path, tp: int, *, in_process: bool = False, **kw: 
     from vllm import LLM
     from vllm.config import WeightTransferConfig
 
-    from weightbridge.integrations.vllm import BACKEND
+    from weightbridge.integrations.vllm import BACKEND, register
+
+    register()  # an in-process worker: this process may have imported the package before vLLM
 
     kw.setdefault("dtype", "float32")  # FP8 engines pass bfloat16 (vLLM-CPU's FP8 kernels need it)
     return LLM(

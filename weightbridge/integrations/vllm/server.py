@@ -8,8 +8,9 @@ backend and vLLM's RL routes::
         --worker-extension-cls weightbridge.integrations.vllm.WorkerExtension   # for check() and typed errors
 
 The routes used (all vLLM's; ``VLLM_SERVER_DEV_MODE=1`` registers them): ``/init_weight_transfer_engine``,
-``/pause?mode=&clear_cache=``, ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``,
-``/resume``, ``/weight_info``; ``/collective_rpc`` for the ``WorkerExtension`` calls (the bitwise
+``/sleep?level=0&mode=`` + ``/reset_prefix_cache`` + ``/wake_up?tags=scheduling`` (or ``/pause`` +
+``/resume``, ``pause_route="pause"``), ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``, ``/weight_info``; ``/collective_rpc`` for the ``WorkerExtension`` calls (the bitwise
 check, the typed error of a failed update). No weights travel over HTTP: the servers' workers
 receive their shards from the trainer ranks through the bridge.
 
@@ -23,7 +24,7 @@ every other trainer rank calls ``bridge.push(v)`` as usual)::
 ``push`` follows the spec's ``sync.mode``: in ``sync`` mode the servers' ``update_weights`` receive
 while the trainer sends (they run together: ``bridge.push`` returns when every worker applied
 ``v``); in ``async`` mode ``bridge.push`` returns once every worker staged ``v`` (received while
-the servers kept serving) and the servers then apply it, each inside ``/pause`` ... ``/resume``
+the servers kept serving) and the servers then apply it, each paused (the scheduler stopped)
 (so generation never runs on a half-updated model and every output token's version label is
 right; see :mod:`weightbridge.integrations.vllm.protocol`).
 
@@ -75,6 +76,7 @@ class VLLMServer:
             raise ValueError(f"server URL must be http(s)://host:port, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.call_s: dict[str, float] = {}  # route -> its last call's wall time (diagnostics, the bench)
 
     def call(self, route: str, body: dict[str, Any] | None = None, *, method: str = "POST",
              query: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
@@ -83,9 +85,11 @@ class VLLMServer:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(target, data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data is not None else {})
+        t0 = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 raw = resp.read(MAX_REPLY_BYTES + 1)
+            self.call_s[route] = time.perf_counter() - t0
         except urllib.error.HTTPError as exc:
             raise ServerError(self.url, route, exc.code, exc.read(64 << 10).decode(errors="replace")) from None
         except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
@@ -153,18 +157,23 @@ class VLLMServers:
     :class:`~weightbridge.integrations.vllm.driver.VLLMWeightSync`; ``host``/``port``: the bridge's
     control store, which the servers' workers join. ``store``: read the instances' versions through
     this store client instead of opening a connection of its own (it is used from this object's
-    HTTP threads).
+    HTTP threads). ``pause_route``: how a server is paused around an update, ``"sleep"`` (default:
+    vLLM's level-0 sleep and ``/wake_up?tags=scheduling``, the scheduler's pause without ``/pause``'s
+    fixed 20 ms wait) or ``"pause"`` (``/pause`` ... ``/resume``; it also clears multimodal caches).
     """
 
     def __init__(self, urls: list[str], spec: str | Path, *, host: str, port: int, staging: bool | None = None,
                  probe: str = "check", cache_dir: str | None = None, options: BridgeOptions | None = None,
                  pause: str = "keep", clear_cache: bool = True, http_timeout_s: float | None = None,
-                 store: Any = None, **moved: Any) -> None:
+                 store: Any = None, pause_route: str = "sleep", **moved: Any) -> None:
         from weightbridge.bridge import InstanceView
 
         if not urls:
             raise ValueError("no server URLs")
         self.pause, self.clear_cache = check_pause(pause), clear_cache
+        if pause_route not in ("sleep", "pause"):
+            raise ValueError(f"pause_route must be 'sleep' or 'pause', got {pause_route!r}")
+        self.pause_route = pause_route
         prepared = prepare(spec, host=host, port=port, instance=0, staging=staging, probe=probe,
                            cache_dir=cache_dir, options=options, where="VLLMServers", moved=moved)
         resolved = prepared.resolved
@@ -185,6 +194,10 @@ class VLLMServers:
             self.views = [InstanceView.connect(resolved, i, host=host, port=port, prefix=prefix,
                                                timeout_s=self.timeout_s) for i in range(len(urls))]
         self.versions: list[int | None] = [None] * len(urls)
+        # Per server, its last update's wall time ("total") and the /update_weights call's part of it (the
+        # workers receiving and loading the weights); the rest is the fixed cost of control and pausing
+        # (each route's last call's time is there too, by route).
+        self.last_update_s: list[dict[str, float] | None] = [None] * len(urls)
         # one thread per server, plus push()'s update running beside the trainer's push
         self._pool = ThreadPoolExecutor(max_workers=len(urls) + 1, thread_name_prefix="wb-vllm-http")
 
@@ -213,8 +226,11 @@ class VLLMServers:
                timeout_s: float | None = None) -> list[int | None]:
         """Make ``version`` live on every server (each waits for it up to ``timeout_s``), or with None
         the newest version each has complete. Returns each server's live version (None: nothing newer).
-        Each server: ``/pause`` -> ``/start_weight_update`` -> ``/update_weights`` ->
-        ``/finish_weight_update`` (labelled with the version its workers applied) -> ``/resume``."""
+        Each server: pause (``/sleep?level=0`` [+ ``/reset_prefix_cache``], or ``/pause``, see
+        ``pause_route``) -> ``/start_weight_update`` -> ``/update_weights`` -> ``/finish_weight_update``
+        (labelled with the version its workers applied) -> resume (``/wake_up?tags=scheduling`` or
+        ``/resume``). A server is paused even when idle: a request may arrive at any moment, and tokens
+        generated between ``/update_weights`` and the label would carry the old version's label."""
         mode = check_pause(pause or self.pause)
         clear = self.clear_cache if clear_cache is None else clear_cache
         info = update_info(version, timeout_s or self.timeout_s)
@@ -250,11 +266,15 @@ class VLLMServers:
             ready = view.staged()
             if ready is None or (previous is not None and ready <= previous):
                 return None
-        server.call("/pause", query={"mode": mode, "clear_cache": str(clear).lower()})
+        t0 = time.perf_counter()
+        server.call_s = {}  # this update's calls only
+        self._pause(server, mode, clear)
         try:
             server.call("/start_weight_update")
+            t1 = time.perf_counter()
             try:
                 server.call("/update_weights", {"update_info": info})
+                t2 = time.perf_counter()
             except ServerError as exc:
                 typed = server.typed_error()
                 try:
@@ -264,8 +284,33 @@ class VLLMServers:
                 raise (typed or exc) from exc
             applied = self._finish(i)
         finally:
-            server.call("/resume")
+            server.call("/resume" if self.pause_route == "pause" else "/wake_up", query=self._resume_query)
+        self.last_update_s[i] = {**server.call_s, "total": time.perf_counter() - t0, "update_weights": t2 - t1}
         return applied if (version is not None or applied != previous) else None
+
+    def _pause(self, server: VLLMServer, mode: str, clear: bool) -> None:
+        """Stop the server's scheduler (``mode``: what happens to requests in flight) and, with ``clear``,
+        drop its prefix cache (KV computed by the old weights; running requests recompute).
+
+        ``pause_route="sleep"``: vLLM's level-0 sleep (the scheduler's own pause, the same
+        ``pause_scheduler(mode)`` as ``/pause``) plus ``/reset_prefix_cache`` with the running requests;
+        ``/pause`` itself adds a fixed 20 ms ``asyncio.sleep`` in the API server (vLLM 0.32's
+        ``AsyncLLM.pause_generation``) that a small model's update pays on every step.
+        ``pause_route="pause"``: ``/pause`` (also clears multimodal caches: use it for vision models)."""
+        if self.pause_route == "pause":
+            server.call("/pause", query={"mode": mode, "clear_cache": str(clear).lower()})
+            return
+        server.call("/sleep", query={"level": 0, "mode": mode})
+        if clear:
+            reply = server.call("/reset_prefix_cache", query={"reset_running_requests": "true",
+                                                              "reset_external": "true"})
+            if not (isinstance(reply, dict) and reply.get("success") is True):
+                server.call("/wake_up", query=self._resume_query)
+                raise ServerError(server.url, "/reset_prefix_cache", 200, f"cache not reset: {reply!r}"[:300])
+
+    @property
+    def _resume_query(self) -> dict[str, str] | None:
+        return None if self.pause_route == "pause" else {"tags": "scheduling"}
 
     def _finish(self, i: int) -> int | None:
         applied = None

@@ -37,12 +37,12 @@ from weightbridge.testing._internal.vllm_selfcheck import (
 
 # SGLang on CPU (only there: ``adjust_config_with_unaligned_cpu_tp``) pads what does not divide
 # evenly instead of replicating or splitting it as on GPU: KV heads to a multiple of tp (with the
-# query heads to match), MoE and dense intermediate sizes to a multiple of tp * 32. Then a rank can
-# hold only padding, and the layout is not the GPU layout the ``sglang`` preset describes. The
-# selfcheck's models are chosen so that nothing is padded at TP 1 and 2: 2 KV heads for the dense
-# model (the bundled one has 1), moe_intermediate_size 64 for the MoE (bundled: 32).
-MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2},
-                                              "qwen3-moe": {"moe_intermediate_size": 64}}
+# query heads to match), MoE and dense intermediate sizes to a multiple of tp * 32. The sglang
+# preset's ``cpu_pad: true`` describes the intermediate padding (the MoE model's 32 experts' rows
+# are padded to 64 at TP 2: TP rank 1 holds only zeros); no param describes the KV-head padding, so
+# the dense model has 2 KV heads (the bundled one has 1).
+MODEL_OVERRIDES: dict[str, dict[str, Any]] = {"qwen2": {"num_key_value_heads": 2}, "qwen3-moe": {}}
+
 
 def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: float = 120.0, *,
               rollout_rules: list[dict[str, Any]] | None = None, instances: int | None = None,
@@ -53,6 +53,7 @@ def spec_text(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
     data = spec_data(kind, model_dir, tp, mode, timeout_s, rollout_rules=rollout_rules, instances=instances,
                      trainer_kind=trainer_kind)
     data["rollout"]["preset"] = "sglang"
+    data["rollout"]["params"] = {"cpu_pad": True}  # SGLang's CPU engine (see MODEL_OVERRIDES)
     return f"# {kind}: {trainer_kind} trainer (float32) -> SGLang TP{tp}, {mode} mode (weightbridge selfcheck).\n" + \
         yaml.safe_dump(data, sort_keys=False)
 

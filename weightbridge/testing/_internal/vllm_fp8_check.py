@@ -51,7 +51,7 @@ ROUTERS = ["model.layers.*.mlp.gate"]  # vLLM quantises GateLinear unless told n
 BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 # Megatron-Core trainer ranks at dp 2 (each holds whole tensors; q/k/v in one linear_qkv interleaved per
 # query group). Not TP 2: the harness's step does not reduce the TP-replicated qk-norm gradients of Qwen3
-# (weightbridge.testing._internal.megatron.MegatronWorld.step), so its replicas would drift apart.
+# (weightbridge.integrations.megatron.cpu_trainer.MegatronWorld.step), so its replicas would drift apart.
 MEGATRON_MESH = {"dp": 2}
 PHASES = {"sender": {"block": [128, 128], "at": "sender"}, "engine": {"block": [128, 128], "at": "engine"},
           "prequant": None}

@@ -14,12 +14,12 @@ Processes:
   driver, at TP 2 vLLM spawns two worker processes.
 
 With ``trainer_kind="megatron"`` the 2 trainer ranks are Megatron-Core instead
-(:class:`~weightbridge.testing._internal.megatron.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
+(:class:`~weightbridge.integrations.megatron.cpu_trainer.MegatronWorld` at :data:`MEGATRON_MESH`, starting from v0's
 checkpoint; the full model is gathered through the introspected IR and saved by checkpoint name).
 
 Models: the bundled ``tiny-qwen2-vllm`` (dense, tied, padded vocab, KV replication at TP 2) and
 ``tiny-qwen3-moe-vllm`` (fused experts; the trainer holds transformers' fused
-``mlp.experts.gate_up_proj [E, 2I, H]``, described by two spec rules). Specs are data
+``mlp.experts.gate_up_proj [E, 2I, H]``: the fsdp2 preset's ``fused_experts: true``). Specs are data
 (:func:`spec_data`), written as YAML by :func:`spec_text`.
 """
 
@@ -40,21 +40,11 @@ MODELS = {"qwen2": "tiny-qwen2-vllm", "qwen3-moe": "tiny-qwen3-moe-vllm"}
 PROMPTS = [[5, 17, 33, 42, 99, 7], [1, 2, 3, 4, 5, 6, 7, 8]]
 NEW_TOKENS = 8
 
-# transformers keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]);
-# FSDP2 shards them on dim 0, i.e. deals experts over dp.
-MOE_TRAINER_RULES: list[dict[str, Any]] = [
-    {"local": "model.layers.{layer}.mlp.experts.gate_up_proj",
-     "stack": {"count": "num_experts", "axis": "dp"},
-     "concat": {"dim": 0, "parts": [
-         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"},
-         {"canonical": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight"},
-     ]}},
-    {"local": "model.layers.{layer}.mlp.experts.down_proj",
-     "stack": {"count": "num_experts", "axis": "dp"},
-     "canonical": "model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"},
-]
+# transformers 5 keeps Qwen3-MoE experts fused in memory ([E, 2I, H] = [gate; up], [E, H, I]); FSDP2
+# shards them on dim 0, i.e. deals experts over dp: the fsdp2 preset's fused_experts param.
+MOE_TRAINER_PARAMS: dict[str, Any] = {"fused_experts": True}
 
-# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.testing._internal.megatron): 2 ranks,
+# The Megatron-Core trainer variant (``trainer_kind="megatron"``; weightbridge.integrations.megatron.cpu_trainer): 2 ranks,
 # the local layer spec with SequentialMLP experts; dense at TP 2 (2 query groups: Megatron needs
 # tp | num_query_groups), MoE at EP 2 (dp 2: attention replicated, experts dealt over ep).
 MEGATRON_MESH: dict[str, dict[str, int]] = {"qwen2": {"tp": 2}, "qwen3-moe": {"ep": 2, "dp": 2}}
@@ -88,7 +78,7 @@ def spec_data(kind: str, model_dir: str | Path, tp: int, mode: str, timeout_s: f
     if trainer_kind == "megatron":
         trainer = {"preset": "megatron", "mesh": dict(MEGATRON_MESH[kind]), "params": dict(MEGATRON_PARAMS)}
     elif kind == "qwen3-moe":
-        trainer["rules"] = copy.deepcopy(MOE_TRAINER_RULES)
+        trainer["params"] = dict(MOE_TRAINER_PARAMS)
     rollout: dict[str, Any] = {"preset": "vllm", "mesh": {"tp": tp}}
     if instances is not None:
         rollout["instances"] = instances
@@ -183,7 +173,7 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
 
     trainer: Any
     if job.get("trainer_kind") == "megatron":  # same methods: tensors, full_tensors, step, close
-        from weightbridge.testing._internal.megatron import MegatronWorld
+        from weightbridge.integrations.megatron.cpu_trainer import MegatronWorld
 
         mesh = job.get("megatron_mesh") or MEGATRON_MESH[job["kind"]]
         trainer = MegatronWorld(AutoConfig.from_pretrained(job["model_dir"]), rank=rank, world_size=world,
@@ -226,15 +216,20 @@ def trainer_main(job: dict[str, Any]) -> list[dict[str, Any]]:
                                       greedy_too=job.get("greedy", not job.get("go_key")))
                     t2 = time.perf_counter()
                     wall0 = time.time()
+                    control = None
                     if servers is not None:  # push and make it live on the `vllm serve` processes
+                        routes = phase.get("pause_routes") or [servers.pause_route]  # the bench alternates them
+                        servers.pause_route = routes[(version - 1) % len(routes)]
                         stats = servers.push(bridge, version, tensors=trainer.tensors())
+                        control = {"pause_route": servers.pause_route, **servers.last_update_s[0]}
                     else:
                         stats = bridge.push(version, tensors=trainer.tensors())
                     plane = getattr(bridge, "data_plane", None)  # which data plane moved it (shm: all local?)
                     records.append({"phase": phase["prefix"], "version": version, "loss": loss,
                                     "plane": type(plane).__name__, "all_local": getattr(plane, "all_local", None),
                                     "push_s": time.perf_counter() - t2, "push_wall_start": wall0,
-                                    "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes})
+                                    "gather_s": t1 - t0, "save_s": t2 - t1, "wire_bytes": stats.wire_bytes,
+                                    "server_update_s": control})
             finally:
                 bridge.close()
     finally:

@@ -71,7 +71,7 @@ def zoo_trainer(job: dict[str, Any]) -> dict[str, Any]:
 
     from weightbridge import trainer_tensors
     from weightbridge.bridge import BridgeOptions, TrainerBridge, load_spec
-    from weightbridge.testing._internal.fsdp2 import FSDP2World, shard_dp
+    from weightbridge.demo.fsdp2 import FSDP2World, shard_dp
     from weightbridge.transport.store import open_store
 
     rank = job["rank"]

@@ -1,4 +1,4 @@
-"""The one Megatron-Core trainer rank of weightbridge's own runs (conformance, vLLM selfcheck, bench).
+"""A Megatron-Core trainer rank on CPU (Gloo): the conformance suites', the vLLM selfcheck's and the bench's.
 
 * :func:`cpu_patches` — the three CPU shims of ``../shared/background/RECIPES.md`` (rotary
   ``inv_freq`` device, the inference RNG tracker, no TE GEMM in the router);
@@ -8,7 +8,8 @@
   ``parallel_state``, the ``GPTModel`` of its pipeline stage, its layout IR (introspected), the
   HF checkpoint loaded into its shards, full HF tensors (a collective, verification only) and one
   optimizer step (pp = 1);
-* :class:`MegatronTrainerRank` — a ready-made ``wb_trainer`` factory for the conformance suite.
+* :class:`MegatronTrainerRank` — a ready-made ``wb_trainer`` factory for the conformance suite
+  (``weightbridge examples engine_suites``: ``megatron/``).
 
 Frames: *local* names are Megatron's (``decoder.layers.0.self_attention.linear_qkv.weight``),
 *canonical* ones the HF checkpoint's; the IR of
@@ -221,7 +222,8 @@ class MegatronTrainerRank:
     """A :class:`~weightbridge.testing.TrainerRank`: its own Gloo world, Megatron-Core parallel state.
 
     The mesh (tp, pp, ep, etp) is the spec's ``trainer.mesh``; the model is the spec's canonical
-    HF config (``model: {config: ...}``). Override :meth:`hf_config` for another model source.
+    HF config (``model.config`` or ``model.bundled``), random init. Override :meth:`hf_config` for
+    another model source.
     """
 
     def __init__(self, ctx: Any) -> None:
@@ -236,10 +238,10 @@ class MegatronTrainerRank:
                                               **ctx.bridge_kwargs())
 
     def hf_config(self, ctx: Any) -> Any:
-        """The transformers config of the spec's model (``model: {config: path}``)."""
-        from transformers import AutoConfig
+        """The transformers config of the spec's model (``model.config`` or ``model.bundled``)."""
+        from weightbridge.canonical.bundled import transformers_config
 
-        return AutoConfig.from_pretrained(os.path.dirname(str(ctx.resolved().spec.model.config)))
+        return transformers_config(ctx.resolved().spec.model, os.path.dirname(ctx.spec_path))
 
     def tensors(self) -> Mapping[str, torch.Tensor]:
         return self.world.tensors()

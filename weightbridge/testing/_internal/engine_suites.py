@@ -1,0 +1,42 @@
+"""Run a shipped engine suite (``examples/engine_suites/NAME``, e.g. ``vllm_suite``) as a wheel user runs it.
+
+``weightbridge examples engine_suites --copy DIR`` into an empty directory, then
+``python -m pytest -q engine_suites/NAME --wb-report=...`` there, in a fresh interpreter: the suite
+sees only the shipped files and the installed package. Used by weightbridge's own tests
+(``tests/conformance/vllm_suite``, ``tests/conformance/sglang_suite``, ``tests/megatron_trainer``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class SuiteRun:
+    returncode: int
+    output: str
+    report: dict[str, dict]  # requirement id -> the plugin's report entry ({"outcome", ...})
+
+    def outcomes(self) -> dict[str, str]:
+        return {req: entry["outcome"] for req, entry in self.report.items()}
+
+
+def run_shipped_suite(name: str, workdir: Path, *, timeout_s: float, env: dict[str, str] | None = None) -> SuiteRun:
+    """Copy the shipped engine suites into ``workdir`` (empty) and run suite ``name`` there."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_env = {**os.environ, **(env or {})}
+    copy = subprocess.run([sys.executable, "-m", "weightbridge", "examples", "engine_suites", "--copy", str(workdir)],
+                          capture_output=True, text=True, timeout=120, env=run_env)
+    if copy.returncode != 0:
+        return SuiteRun(copy.returncode, copy.stdout + copy.stderr, {})
+    report = workdir / f"{name}-report.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--wb-report={report}",
+                           f"engine_suites/{name}"], cwd=workdir, capture_output=True, text=True, timeout=timeout_s,
+                          env=run_env)
+    got = json.loads(report.read_text())["requirements"] if report.exists() else {}
+    return SuiteRun(proc.returncode, proc.stdout + proc.stderr, got)
