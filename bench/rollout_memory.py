@@ -30,7 +30,7 @@ with the reason when it is missing). The engines load dummy weights (``load_form
 checkpoint on disk); the bytes moved are the trainer's.
 
     python bench/rollout_memory.py                      # every case (~10 min on 2 cores), ~8 GB RAM
-    python bench/rollout_memory.py --cases plain,vllm-tp1 --json > a.json
+    python bench/rollout_memory.py --cases plain,vllm-tp1 --json --no-probe > a.json
     python bench/rollout_memory.py --combine a.json b.json   # one report over cases run separately
 
 Last line: ``worst in-place extra/round_bytes = X.XX`` over the in-place cases' ``init`` and
@@ -262,12 +262,14 @@ def run_engine(args: argparse.Namespace, engine: str, tp: int, work: Path) -> di
             update = max(update, meter.extra())  # above the engine alone: what the bridge keeps counts
         trainer_done(th, tout, args.timeout_s)
         reported = _engine_reported(engine, sync)
-        leave(sync)
-        time.sleep(1.0)
-        meter = Meter(pids)  # again after the bridge left: a join with a cold probe cache
-        meter.start()
-        connect(spec, master.port, "bench-mem-1", str(work / "probe"))
-        init_probe = meter.extra()
+        init_probe = None
+        if args.probe:
+            leave(sync)
+            time.sleep(1.0)
+            meter = Meter(pids)  # again after the bridge left: a join with a cold probe cache
+            meter.start()
+            connect(spec, master.port, "bench-mem-1", str(work / "probe"))
+            init_probe = meter.extra()
     finally:
         close(handle)
     return {"ranks": tp, "init_probe": init_probe, "init": init, "update": update, "reported": reported}
@@ -390,6 +392,8 @@ def main() -> int:
     ap.add_argument("--round-bytes", type=int, default=64 * MiB)
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--sglang-python", default=SGLANG_PYTHON)
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="engines: skip the join with a cold probe cache (its column '-'; it takes minutes on 2 cores)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--combine", nargs="+", metavar="JSON",
                     help="no run: one report over the rows of earlier --json outputs (cases run one at a time)")
@@ -414,7 +418,7 @@ def main() -> int:
                 continue
         argv = [python, __file__, "--case", case, "--versions", str(args.versions), "--hidden", str(args.hidden),
                 "--intermediate", str(args.intermediate), "--layers", str(args.layers), "--vocab", str(args.vocab),
-                "--round-bytes", str(args.round_bytes), "--timeout-s", str(args.timeout_s)]
+                "--round-bytes", str(args.round_bytes), "--timeout-s", str(args.timeout_s)] + ([] if args.probe else ["--no-probe"])
         env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
         t0 = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout_s * 6)
