@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import yaml
 
-from weightbridge.testing import vllm_selfcheck as sc
+from weightbridge.testing._internal import vllm_selfcheck as sc
 
 CONFIGS: dict[str, dict[str, Any]] = {  # every quantised matrix dim a multiple of 128 at TP 1 and 2
     "dense": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
