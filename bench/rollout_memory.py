@@ -30,7 +30,8 @@ with the reason when it is missing). The engines load dummy weights (``load_form
 checkpoint on disk); the bytes moved are the trainer's.
 
     python bench/rollout_memory.py                      # every case (~10 min on 2 cores), ~8 GB RAM
-    python bench/rollout_memory.py --cases plain,vllm-tp1 --json
+    python bench/rollout_memory.py --cases plain,vllm-tp1 --json --no-probe > a.json
+    python bench/rollout_memory.py --combine a.json b.json   # one report over cases run separately
 
 Last line: ``worst in-place extra/round_bytes = X.XX`` over the in-place cases' ``init`` and
 ``update`` columns (the probe runs once per engine version and config, cached; its column is
@@ -261,12 +262,14 @@ def run_engine(args: argparse.Namespace, engine: str, tp: int, work: Path) -> di
             update = max(update, meter.extra())  # above the engine alone: what the bridge keeps counts
         trainer_done(th, tout, args.timeout_s)
         reported = _engine_reported(engine, sync)
-        leave(sync)
-        time.sleep(1.0)
-        meter = Meter(pids)  # again after the bridge left: a join with a cold probe cache
-        meter.start()
-        connect(spec, master.port, "bench-mem-1", str(work / "probe"))
-        init_probe = meter.extra()
+        init_probe = None
+        if args.probe:
+            leave(sync)
+            time.sleep(1.0)
+            meter = Meter(pids)  # again after the bridge left: a join with a cold probe cache
+            meter.start()
+            connect(spec, master.port, "bench-mem-1", str(work / "probe"))
+            init_probe = meter.extra()
     finally:
         close(handle)
     return {"ranks": tp, "init_probe": init_probe, "init": init, "update": update, "reported": reported}
@@ -389,8 +392,14 @@ def main() -> int:
     ap.add_argument("--round-bytes", type=int, default=64 * MiB)
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--sglang-python", default=SGLANG_PYTHON)
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="engines: skip the join with a cold probe cache (its column '-'; it takes minutes on 2 cores)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--combine", nargs="+", metavar="JSON",
+                    help="no run: one report over the rows of earlier --json outputs (cases run one at a time)")
     args = ap.parse_args()
+    if args.combine:
+        return report(args, combined_rows(args, args.combine))
     if not sys.platform.startswith("linux"):
         print("rollout_memory.py reads /proc: Linux only", file=sys.stderr)
         return 2
@@ -409,7 +418,7 @@ def main() -> int:
                 continue
         argv = [python, __file__, "--case", case, "--versions", str(args.versions), "--hidden", str(args.hidden),
                 "--intermediate", str(args.intermediate), "--layers", str(args.layers), "--vocab", str(args.vocab),
-                "--round-bytes", str(args.round_bytes), "--timeout-s", str(args.timeout_s)]
+                "--round-bytes", str(args.round_bytes), "--timeout-s", str(args.timeout_s)] + ([] if args.probe else ["--no-probe"])
         env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).parents[1]))}
         t0 = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout_s * 6)
@@ -424,6 +433,20 @@ def main() -> int:
         rows.append(row)
         print(f"{case}: done in {row['seconds']:.0f}s", file=sys.stderr, flush=True)
     return report(args, rows)
+
+
+def combined_rows(args: argparse.Namespace, paths: list[str]) -> list[dict[str, Any]]:
+    """The rows of earlier ``--json`` outputs (the JSON object alone, or followed by the table), which must
+    have measured with this run's ``--round-bytes`` and model; a case measured twice: the later file's."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        text = Path(path).read_text()
+        data, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+        if data["round_bytes"] != args.round_bytes or data["model_bytes"] != model_bytes(args):
+            raise SystemExit(f"{path}: measured with round_bytes {data['round_bytes']} and a model of "
+                             f"{data['model_bytes']} bytes, not {args.round_bytes} and {model_bytes(args)}")
+        rows.update({r["case"]: r for r in data["rows"]})
+    return [rows[c] for c in CASES if c in rows]
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:

@@ -56,6 +56,8 @@ import threading
 import time
 from pathlib import Path
 
+from weightbridge.integrations._engine.verify import NOT_KEPT
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -111,7 +113,7 @@ def main() -> int:
             sync.update(v)
             ours = time.time()
             problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(str(sc.version_dir(work, v)),))
-                        for p in ps]
+                        for p in ps if not p.startswith(NOT_KEPT)]
             t = time.perf_counter()
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(sc.version_dir(work, v))})
             reload_s = time.perf_counter() - t
@@ -182,7 +184,8 @@ def run_server(args: argparse.Namespace) -> int:
                     raise RuntimeError(f"version {v} never went live")
                 time.sleep(0.01)
             vdir = str(sc.version_dir(work, v))
-            problems = [p for ps in server.collective_rpc("weightbridge_check", (vdir,)) for p in ps]
+            problems = [p for ps in server.collective_rpc("weightbridge_check", (vdir,)) for p in ps
+                        if not p.startswith(NOT_KEPT)]
             t = time.perf_counter()  # the baseline's engine side, paused like ours
             server.call("/pause", query={"mode": "keep", "clear_cache": "true"})
             server.collective_rpc("reload_weights", kwargs={"weights_path": vdir})
@@ -276,7 +279,8 @@ def run_fp8(args: argparse.Namespace) -> int:
                 sync.update(v)
                 ours = time.time()
                 vdir = str(sc.version_dir(work, v))
-                problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(vdir,)) for p in ps]
+                problems = [p for ps in llm.collective_rpc("weightbridge_check", args=(vdir,)) for p in ps
+                            if not p.startswith(NOT_KEPT)]
                 row = {"phase": phase, "version": v, "ours_end": ours, "problems": problems}
                 if phase == "sender":  # (c): vLLM reloads the same version from disk (re-quantising it)
                     t = time.perf_counter()
