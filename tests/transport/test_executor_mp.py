@@ -57,6 +57,19 @@ trainer: {preset: fsdp2, mesh: {dp: 2}, dtype: float32}
 rollout: {preset: vllm, instances: 2, mesh: {tp: 2}, dtype: bfloat16}
 """
 
+# A tensor one rank holds none of (gpt-oss's row-parallel w2_bias: rank 0 holds it, the others zeros).
+PAD_ONLY_ON_RANK1 = """
+version: 1
+model: {bundled: tiny-qwen2}
+trainer: {preset: fsdp2, mesh: {dp: 2}}
+rollout:
+  preset: vllm
+  mesh: {tp: 2}
+  rules:
+    - {local: model.norm.weight, canonical: model.norm.weight, pad: {dim: 0, multiple: 'tp * hidden_size'},
+       shard: [{dim: 0, axis: tp}]}
+"""
+
 
 def run_transfer(yaml_text: str, *, round_bytes: int = 1 << 20, receiver_dedup: str = "off", **extra):
     """Plan here, launch every trainer and rollout rank, return (plan, results, seconds)."""
@@ -291,7 +304,8 @@ def test_a_rank_killed_after_publishing_its_address_fails_the_group_within_the_d
     (MOE_EP, {"round_bytes": 64 << 10, "direct_bytes": 64, "overlap": "thread"}),
     (PP2_TO_TP2, {"receiver_dedup": "on", "round_bytes": 16 << 10, "direct_bytes": 256, "checksums": True}),
     (FP32_TO_BF16, {"round_bytes": 16 << 10}),
-], ids=["fused-many-rounds", "moe-thread", "exchanges", "casts"])
+    (PAD_ONLY_ON_RANK1, {"round_bytes": 16 << 10}),
+], ids=["fused-many-rounds", "moe-thread", "exchanges", "casts", "all-padding-on-a-rank"])
 def test_streaming_receive_hands_every_tensor_over_once_bitwise(spec: str, kwargs: dict) -> None:
     """A streaming rank holds no destination: each local tensor exists from its first bytes to its last
     use (receives, local copies, exchange sends), is handed over once, complete and bitwise, and the

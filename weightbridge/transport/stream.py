@@ -4,7 +4,8 @@ A streaming run (:meth:`Executor.run(..., stream=write) <weightbridge.transport.
 has no full-shard destination. :class:`StreamTarget` is the destination mapping the round stages
 read and write instead: a local tensor is allocated on the rank's device when a round first
 touches it (zeros when the layout leaves some of its elements uncovered, e.g. vocabulary padding),
-receives its items (zero-copy where its boxes allow, as any destination), and once nothing later
+receives its items (zero-copy where its boxes allow, as any destination; a tensor no item writes is
+handed over as zeros after the last round), and once nothing later
 in the plan writes or reads it (:func:`weightbridge.plan.streaming.stream_schedule`: its last
 receive, local copy and exchange send) it is handed to ``write(name, tensor)`` -- the engine's
 reload -- and dropped. So a rank holds the tensors of the round in flight plus those a round
@@ -83,9 +84,16 @@ class StreamTarget(Mapping[str, torch.Tensor]):
                 self._hand(name)
 
     def finish(self) -> None:
-        """After the last round: anything still alive (a tensor the schedule ends later than the rounds)."""
+        """After the last round: anything still alive (a tensor the schedule ends later than the rounds),
+        then, as zeros one at a time, the tensors no item or copy writes (all padding on this rank, e.g.
+        a row-parallel bias only rank 0 holds): the engine's reload needs every local tensor, as a
+        receive buffer would have written them."""
         for name in self.plan.order:
             if name in self.live:
+                self._hand(name)
+        for name in self.shapes:
+            if name not in self.handed and name not in self.plan.first:
+                self[name]  # noqa: B018 - allocates it: zeros (uncovered)
                 self._hand(name)
 
     def _hand(self, name: str) -> None:

@@ -104,6 +104,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.last_error: BaseException | None = None  # the typed error of the last failed or refused init, or update
         self.session: ReloadSession | None = None
         self.fp8: frozenset[str] = frozenset()  # local FP8 weights this worker receives (quantised at the sender)
+        self.names: tuple[str, ...] = ()  # every local tensor this worker receives
         self.stats = _Stats()
         self.me = f"rollout worker {self.parallel_config.rank}"
         self.timeout_s = 300.0
@@ -160,6 +161,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         self.me, self.probed, self.timeout_s = admitted.me, probed, admitted.timeout_s
         self.written, self.record = {}, hooks.enabled()
         self.fp8 = frozenset(t.name for t in admitted.layout.tensors if t.dtype == "float8_e4m3fn")
+        self.names = tuple(t.name for t in admitted.layout.tensors)  # what every update writes
         self.bridge = open_bridge(admitted, device=self.device)  # streams: no receive buffers
 
     @property
@@ -180,7 +182,7 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:
         self._require_init()
-        self.session = ReloadSession(self.model, self.model_config, self.fp8)
+        self.session = ReloadSession(self.model, self.model_config, self.fp8, self.names)
         self.session.begin()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:

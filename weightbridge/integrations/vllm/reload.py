@@ -37,7 +37,7 @@ the last of them arrived).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -57,11 +57,18 @@ class ReloadSession:
     ``update_weights`` / ``finish_weight_update``; all in the worker's thread, between engine steps.
     """
 
-    def __init__(self, model: torch.nn.Module, model_config: Any, fp8: frozenset[str] = frozenset()) -> None:
-        """``fp8``: the local FP8 weight names this rank receives (quantised at the sender)."""
+    def __init__(self, model: torch.nn.Module, model_config: Any, fp8: frozenset[str] = frozenset(),
+                 names: Iterable[str] = ()) -> None:
+        """``fp8``: the local FP8 weight names this rank receives (quantised at the sender); ``names``:
+        every local tensor this rank writes (a module's tensors then go in together, see :meth:`write`)."""
         self.model = model
         self.model_config = model_config
         self.fp8 = fp8
+        by_module: dict[str, set[str]] = {}
+        for name in names:
+            by_module.setdefault(name.rpartition(".")[0], set()).add(name)
+        self._expected = {m: ns for m, ns in by_module.items() if len(ns) > 1}
+        self._held: dict[str, dict[str, torch.Tensor]] = {}
         self._online: Any = None
         self._moe_kernels: list[tuple[Any, Any]] = []
         self._mla: list[_AmxMla] = []
@@ -98,11 +105,32 @@ class ReloadSession:
     def write(self, tensors: Mapping[str, torch.Tensor]) -> int:
         """Load whole local tensors (name -> tensor in this rank's checkpoint-format layout).
 
-        Returns the number of elements written. Raises ``KeyError`` naming a tensor the model
+        A module's tensors (of ``names``) are held until the last of them arrived, then loaded in
+        name order, the order of a checkpoint's keys: vLLM's layerwise reload processes a layer once
+        the elements it counts have loaded, and a tensor loaded after that is dropped ("Excessive
+        loading"). DeepSeek-V3's router lost its ``e_score_correction_bias`` so on the TP rank
+        that received ``gate.weight`` first (streaming hands tensors over in arrival order). vLLM
+        holds a layer's loaded tensors until it processes the layer anyway: no extra memory.
+
+        Returns the number of elements written now. Raises ``KeyError`` naming a tensor the model
         does not have (the layout disagrees with the engine: probe it).
         """
         if not self._active:
             raise RuntimeError("ReloadSession.write() before begin()")
+        ready: dict[str, torch.Tensor] = {}
+        for name, tensor in tensors.items():
+            module = name.rpartition(".")[0]
+            want = self._expected.get(module)
+            if want is None or name not in want:
+                ready[name] = tensor
+                continue
+            held = self._held.setdefault(module, {})
+            held[name] = tensor
+            if len(held) == len(want):
+                ready.update(sorted(self._held.pop(module).items()))
+        return self._load(ready)
+
+    def _load(self, tensors: Mapping[str, torch.Tensor]) -> int:
         from vllm.model_executor.model_loader.reload.layerwise import (
             _get_original_loader,
             make_online_process_loader,
@@ -141,6 +169,8 @@ class ReloadSession:
         if not self._active:
             return
         try:
+            for module in sorted(self._held):  # a module some of whose tensors this update did not write
+                self._load(dict(sorted(self._held.pop(module).items())))
             if self._online is not None and self._online.unfinished():
                 raise RuntimeError(f"FP8 layers not written whole this update: {self._online.unfinished()[:4]}")
             finalize_layerwise_reload(self.model, self.model_config)
@@ -157,7 +187,7 @@ class ReloadSession:
             self._mla = []
             for param, loader in self._loaders:
                 param.weight_loader = loader
-            self._loaders, self._swapped, self._modules = [], set(), None
+            self._loaders, self._swapped, self._modules, self._held = [], set(), None, {}
             self._put_back_kernels()
             self._active = False
 

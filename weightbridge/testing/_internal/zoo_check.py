@@ -135,7 +135,7 @@ def force_amx_mla() -> bool:
 
 def make_engine(model_dir: str | Path, tp: int) -> Any:
     """A bf16 vLLM engine with weightbridge's backend (TP 1: engine core and worker in this process)."""
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret
 
     ensure_env_secret()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -171,9 +171,8 @@ def run_case(name: str, tp: int, workdir: str | Path, *, steps: int = 2, timeout
     nothing is generated (the comparisons still run: loading, packing and reloading need no AMX)."""
     from weightbridge.bridge import BridgeOptions
     from weightbridge.integrations.vllm.driver import VLLMWeightSync
-    from weightbridge.sync.auth import ensure_env_secret
+    from weightbridge.localrun import ensure_env_secret, launch
     from weightbridge.testing._internal.zoo_verify import compare_worker
-    from weightbridge.localrun import launch
     from weightbridge.transport.store import open_store
 
     ensure_env_secret()

@@ -1,8 +1,8 @@
 """Which zoo cases a CI run executes: every architecture in every week of submissions, within CI's time.
 
 All cases (every :data:`~weightbridge.testing._internal.zoo_models.ARCHS` entry at each TP it runs,
-plus the forced-AMX DeepSeek-V3 cases on hosts without AMX tiles) take over an hour on a loaded
-2-core machine (30-120 s at TP 1, 90-170 s at TP 2); CI has a few minutes for them. So:
+plus the forced-AMX DeepSeek-V3 cases on hosts without AMX tiles) take about 25-30 minutes of engine
+time on a 2-core machine (below); CI has a few minutes for them. So:
 
 * :data:`ALWAYS` runs in every CI run: DeepSeek-V3 (MLA + MoE) at TP 1 and TP 2 (the issue's
   "in CI"), on the host's own MLA backend, and at TP 1 on ``AMX_MLA`` forced when the host has
@@ -13,11 +13,12 @@ plus the forced-AMX DeepSeek-V3 cases on hosts without AMX tiles) take over an h
   :data:`SLICES` CI runs of consecutive commits, and in a week's submissions as long as they hold
   14 commits and CI runs on each merge (main got 140 commits in the week to 2026-12-05); a merge of
   several commits skips slices, which the next ones take. Without git the key is the UTC day number.
-  A nightly ``WEIGHTBRIDGE_ZOO=all`` run (about an hour here) checks every case at once.
+  A nightly ``WEIGHTBRIDGE_ZOO=all`` run (about half an hour here) checks every case at once.
 
-Cost per CI run: DeepSeek-V3 at TP 1 and 2 plus three rotating cases, about 5-6 minutes of one
-xdist worker (TP 1 cases 30-60 s, TP 2 90-120 s on an idle 2-core machine): about 3 minutes of
-phase 2's wall time.
+Cost per CI run (measured 2026-12-05 on the 2-core development machine, one engine at a time, other
+tests running beside): a case takes 17-32 s at TP 1 and 27-63 s at TP 2 (DeepSeek-V3: 26 s TP 1,
+63 s TP 2, 32 s forced AMX), so the three every-run cases about 2 minutes and the three rotating
+ones at most 3 more, on one xdist worker each file: about 3-4 minutes of phase 2's wall time.
 
 ``WEIGHTBRIDGE_ZOO`` overrides: ``all`` (every case), ``slice:K``, ``none``, or a comma list of
 ``ARCH:TP`` / ``ARCH`` (all its TPs) / ``ARCH:TP:amx``.

@@ -116,7 +116,9 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch("cohere2", "cohere2", {**_DENSE, "sliding_window": 64, "tie_word_embeddings": True}),
     Arch("olmo2", "olmo2", {**_DENSE}),
     Arch("smollm3", "smollm3", {**_DENSE}),
-    Arch("starcoder2", "starcoder2", {**_DENSE, "intermediate_size": 256}),
+    # TP 2: vLLM splits mlp.c_fc / c_proj over TP and the vllm preset has no rule for them yet (the
+    # engine refuses the spec at init, naming them): TP 1 only until it has.
+    Arch("starcoder2", "starcoder2", {**_DENSE, "intermediate_size": 256}, tps=(1,)),
     Arch("phi3", "phi3", {**_DENSE}, rollout_rules=(
         _fused("model.layers.{layer}.self_attn.qkv_proj.weight", "model.layers.{layer}.self_attn.qkv_proj.weight",
                ["num_heads * head_dim", "num_kv_heads * head_dim", "num_kv_heads * head_dim"],
