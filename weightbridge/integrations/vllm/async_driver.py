@@ -57,8 +57,6 @@ class AsyncVLLMWeightSync:
         bridge as rollout rank ``instance * world_size + worker rank``). Arguments as
         :class:`~weightbridge.integrations.vllm.driver.VLLMWeightSync`; ``initial_version``: label the
         weights the engine started with (``update_weight_version``) instead of ``"default"``."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
         from weightbridge.bridge import InstanceView
 
         backend = getattr(getattr(engine.vllm_config, "weight_transfer_config", None), "backend", None)
@@ -71,6 +69,9 @@ class AsyncVLLMWeightSync:
                            cache_dir=cache_dir, options=options, where="AsyncVLLMWeightSync.create", moved=moved)
         view = await asyncio.to_thread(InstanceView.connect, prepared.resolved, instance, host=host, port=port,
                                        prefix=prepared.prefix, timeout_s=prepared.timeout_s)
+        # vLLM only once the arguments and the spec are checked (a refusal needs no vLLM)
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
         await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=prepared.sealed()))
         if initial_version is not None:
             await engine.update_weight_version(label(initial_version))
