@@ -18,7 +18,8 @@ shard straight from the trainer ranks that hold it.
 
 ``--check`` (used by the test): after each step the trainer ranks save the full model (a gather,
 for verification only), every engine compares its parameters bitwise with vLLM's own load of it,
-and its greedy generation with the trainer's HF model.
+and its greedy generation with the trainer's HF model; its workers keep a CPU copy of what they wrote
+(``WEIGHTBRIDGE_TEST_HOOKS=1``), so the checkpoint format is compared too.
 
     python examples/ray_rl/ray_rl.py --steps 3 --check
 """
@@ -202,7 +203,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="wb-ray-rl-"))
     # WEIGHTBRIDGE_SECRET: every trainer rank and vLLM worker needs the same one (a fresh one per job)
     os.environ["WEIGHTBRIDGE_SECRET"] = os.environ.get("WEIGHTBRIDGE_SECRET") or new_secret()
-    env = {k: os.environ[k] for k in ("WEIGHTBRIDGE_SECRET", "PYTHONPATH", "WEIGHTBRIDGE_CACHE_DIR") if k in os.environ}
+    if args.check:  # the engines' workers keep a CPU copy of what they write: the check compares both formats
+        os.environ["WEIGHTBRIDGE_TEST_HOOKS"] = "1"
+    env = {k: os.environ[k] for k in ("WEIGHTBRIDGE_SECRET", "PYTHONPATH", "WEIGHTBRIDGE_CACHE_DIR",
+                                      "WEIGHTBRIDGE_TEST_HOOKS") if k in os.environ}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     # Ray 2.60 writes an auth token under $HOME and its session under _temp_dir: keep both in `work`.
     os.environ["HOME"] = str(work)

@@ -62,7 +62,8 @@ def weights(draw: st.DrawFn, max_dim: int = 300) -> torch.Tensor:
     return x.to(dtype)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 20 examples: 60 took 159 s in CI (vLLM's per_block_cast_to_fp8 is slow on a loaded machine)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(x=weights(), block=st.sampled_from([(128, 128), (64, 32), (1, 128), (128, 1)]), ue8m0=st.booleans())
 def test_block_quantiser_is_vllms(x: torch.Tensor, block: tuple[int, int], ue8m0: bool) -> None:
     want_q, want_s = per_block_cast_to_fp8(x, block_size=list(block), use_ue8m0=ue8m0)

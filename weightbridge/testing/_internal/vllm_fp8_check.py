@@ -112,7 +112,7 @@ def spec_data(kind: str, config: Path, tp: int, phase: str, trainer_kind: str = 
         trainer = {"preset": "megatron", "mesh": dict(MEGATRON_MESH), "params": dict(sc.MEGATRON_PARAMS),
                    "dtype": "float32"}
     elif kind == "moe":
-        trainer["rules"] = [dict(r) for r in sc.MOE_TRAINER_RULES]
+        trainer["params"] = dict(sc.MOE_TRAINER_PARAMS)
     rollout: dict[str, Any] = {"preset": "vllm", "mesh": {"tp": tp}}
     if PHASES[phase] is not None:
         rollout["quantization"] = dict(PHASES[phase])
