@@ -119,16 +119,11 @@ def main() -> int:
             reload_s = time.perf_counter() - t
             rows.append({"version": v, "ours_end": ours, "reload_s": reload_s, "problems": problems})
     except BaseException as exc:
-        # The driver failed: every trainer rank's own result or error first (it is often the cause).
-        print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        trainers.join(timeout=args.timeout_s + 10)  # trainer ranks raise within their own deadline
-        report_ranks(results, trainers.is_alive())
+        driver_failed(exc, args, trainers, results)
         raise
-    trainers.join(timeout=args.timeout_s)
-    if not results or not all(r.ok for r in results):
-        report_ranks(results, trainers.is_alive())
+    rec = trainer_records(args, trainers, results)
+    if rec is None:
         return 1
-    rec = {r["version"]: r for r in results[0].value}
     for row in rows:
         r = rec[row["version"]]
         row.update(weightbridge_s=row.pop("ours_end") - r["push_wall_start"], push_s=r["push_s"],
@@ -192,17 +187,13 @@ def run_server(args: argparse.Namespace) -> int:
             server.call("/resume")
             rows.append({"version": v, "reload_s": time.perf_counter() - t, "problems": problems})
     except BaseException as exc:
-        print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        trainers.join(timeout=args.timeout_s + 10)
-        report_ranks(results, trainers.is_alive())
+        driver_failed(exc, args, trainers, results)
         online.stop_server(proc)
         raise
-    trainers.join(timeout=args.timeout_s)
+    rec = trainer_records(args, trainers, results)
     online.stop_server(proc)
-    if not results or not all(r.ok for r in results):
-        report_ranks(results, trainers.is_alive())
+    if rec is None:
         return 1
-    rec = {r["version"]: r for r in results[0].value}
     for row in rows:
         r = rec[row["version"]]
         row.update(weightbridge_s=r["push_s"], gather_s=r["gather_s"], save_s=r["save_s"], wire_bytes=r["wire_bytes"])
@@ -288,15 +279,11 @@ def run_fp8(args: argparse.Namespace) -> int:
                     row["reload_s"] = time.perf_counter() - t
                 rows.append(row)
     except BaseException as exc:
-        print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        trainers.join(timeout=args.timeout_s + 10)
-        report_ranks(results, trainers.is_alive())
+        driver_failed(exc, args, trainers, results)
         raise
-    trainers.join(timeout=args.timeout_s)
-    if not results or not all(r.ok for r in results):
-        report_ranks(results, trainers.is_alive())
+    rec = trainer_records(args, trainers, results)
+    if rec is None:
         return 1
-    rec = {r["version"]: r for r in results[0].value}
     for row in rows:
         r = rec[row["version"]]
         row.update(update_s=row.pop("ours_end") - r["push_wall_start"], wire_bytes=r["wire_bytes"],
@@ -412,6 +399,22 @@ def report_ranks(results: list, running: bool) -> None:
             tail = "\n    ".join(r.traceback.strip().splitlines()[-6:]) if r.traceback else ""
             print(f"trainer rank {r.index}: FAILED{' (timed out)' if r.timed_out else ''}: {why}"
                   + (f"\n    {tail}" if tail else ""), file=sys.stderr)
+
+
+def driver_failed(exc: BaseException, args: argparse.Namespace, trainers: threading.Thread, results: list) -> None:
+    """The driver failed: every trainer rank's own result or error first (it is often the cause)."""
+    print(f"driver failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    trainers.join(timeout=args.timeout_s + 10)  # trainer ranks raise within their own deadline
+    report_ranks(results, trainers.is_alive())
+
+
+def trainer_records(args: argparse.Namespace, trainers: threading.Thread, results: list) -> dict | None:
+    """Trainer rank 0's record per version once every rank ended well, else None (each rank reported)."""
+    trainers.join(timeout=args.timeout_s)
+    if not results or not all(r.ok for r in results):
+        report_ranks(results, trainers.is_alive())
+        return None
+    return {r["version"]: r for r in results[0].value}
 
 
 if __name__ == "__main__":
