@@ -86,11 +86,15 @@ class RecordIO:
             if now >= next_live:
                 next_live = now + LIVENESS_S
                 if alive is not None:
-                    for p in peers:
-                        if not alive(p):
-                            raise self.error(PeerDisconnected, p, round_index,
-                                             f"{what}: the process of {self.describe(p)} ended (it no longer holds "
-                                             "the shared slab)")
+                    dead = next((p for p in peers if not alive(p)), None)
+                    if dead is not None:
+                        # a peer may write its record and exit between ready() and the check: look once more
+                        got = ready()
+                        if got is not None:
+                            return got
+                        raise self.error(PeerDisconnected, dead, round_index,
+                                         f"{what}: the process of {self.describe(dead)} ended (it no longer holds "
+                                         "the shared slab)")
                 if self.watch is not None:
                     self.watch()
             if now > deadline:
