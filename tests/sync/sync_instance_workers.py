@@ -71,7 +71,8 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
     """``opts['slow']`` = (version, seconds): sleep in round 0 of that version's receive (stages late);
     ``opts['kill']`` = version: SIGKILL self in round 0 of it; ``opts['poll_s']``: first poll()/apply()
     for that long (until one version is applied); ``opts['wants']``: then the ``apply_instance`` calls
-    to make, each ``(version, timeout_s)``, after ``opts['delay_s']``. ``opts['stream']``: no live
+    to make, each ``(version, timeout_s)``, after ``opts['delay_s']`` (and, with ``opts['after_push']``,
+    once a push is announced). ``opts['stream']``: no live
     tensors (``tensors=None``): each local tensor streams into a sink that records it (CPU copies), the
     "engine"; every want then records ``("state", want, torn, version, tensors streamed)``."""
     r = load_spec(text)
@@ -110,6 +111,8 @@ def rollout(text: str, rank: int, port: int, opts: dict) -> list[tuple]:
                 break
             time.sleep(0.002)
         time.sleep(opts.get("delay_s", 0.0))
+        while opts.get("after_push") and not store.check(["wb/ann"]):  # the first push is announced
+            time.sleep(0.01)
         for want, timeout_s in opts.get("wants", ()):
             t0 = time.time()
             streamed[0] = 0

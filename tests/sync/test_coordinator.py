@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from weightbridge.runtime import coordinator as co
 from weightbridge.sync.messages import Offer
@@ -230,8 +232,39 @@ INSTANCE = [
 
 @pytest.mark.parametrize("offers,want,decision", INSTANCE)
 def test_decide_instance_apply(offers, want, decision):
-    assert co.decide_instance_apply(offers, want) == decision
-    assert co.decide_instance_apply(list(reversed(offers)), want) == decision  # order-independent
+    offers = [o.model_copy(update={"want": want}) for o in offers]  # every rank in the same call
+    assert co.decide_instance_apply(offers) == decision
+    assert co.decide_instance_apply(list(reversed(offers))) == decision  # order-independent
+
+
+_versions = st.none() | st.integers(0, 3)
+_offers = st.lists(st.builds(lambda staged, live, late, want, err: (staged, live, late, want, err), _versions, _versions,
+                             st.booleans(), _versions, st.sampled_from([None, "E: x"])), min_size=1, max_size=4)
+
+
+@given(_offers)
+def test_an_instance_decision_is_the_same_whichever_rank_evaluates_it_and_applies_only_what_all_want(rows):
+    offers = [Offer(rank=i, round=0, staged=s, live=lv, late=la, want=w, error=e)
+              for i, (s, lv, la, w, e) in enumerate(rows)]
+    decision = co.decide_instance_apply(offers)
+    assert co.decide_instance_apply(offers[::-1]) == decision
+    if isinstance(decision, (co.ApplyStaged, co.AlreadyLive)):
+        (want,) = {o.want for o in offers}  # an apply needs one wanted version
+        assert want is None or decision.version >= want
+        if isinstance(decision, co.ApplyStaged):
+            assert {o.staged for o in offers} == {decision.version}
+
+
+def test_ranks_that_want_different_versions_in_one_round_all_raise_and_none_applies():
+    # rollout 2 is still in its call for v1 (late), rollout 3 already in its call for v2: both staged v1.
+    # Deciding with each rank's own want split the instance (2 applied v1, 3 raised TooLate).
+    offers = [off(2, 1, late=True).model_copy(update={"want": 1}), off(3, 1).model_copy(update={"want": 2})]
+    assert co.decide_instance_apply(offers) == co.WantsDiffer(((2, 1), (3, 2)))
+    assert co.decide_instance_apply(offers[::-1]) == co.WantsDiffer(((2, 1), (3, 2)))
+    none_and_v = [off(0, 3).model_copy(update={"want": None}), off(1, 3).model_copy(update={"want": 3})]
+    assert co.decide_instance_apply(none_and_v) == co.WantsDiffer(((0, None), (1, 3)))
+    failed = [off(0, None, error="A: x").model_copy(update={"want": 1}), off(1, 1).model_copy(update={"want": 2})]
+    assert co.decide_instance_apply(failed) == co.RankFailed(0, "A: x")  # a failed receive says more
 
 
 def test_the_coordinator_is_pure():

@@ -102,27 +102,31 @@ def test_streaming_ranks_write_each_version_into_the_engine_during_the_receive_b
             assert mem["wire_last"] == 0  # it read the trainer's slab
 
 
-@pytest.mark.xfail(strict=False, reason="known race (issue 28, open): under load the 4 s late streaming rank 3 "
-                   "sometimes never says hello in epoch 2 after the failed push of v1, so v2 fails at its deadline "
-                   "(2 of 4 concurrent runs here); the torn/heal assertions hold whenever v2 is pushed")
 def test_a_streaming_rank_whose_instance_does_not_apply_what_it_wrote_is_torn_until_the_next_push():
-    """Rollout 2 streams v1 into its engine; rollout 3 does not call apply_instance in time, so the
-    instance applies nothing: rollout 2 is torn (its engine holds v1, its instance does not). The
-    trainer's push of v1 fails at its deadline; v2 reaches both and heals them."""
-    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off", timeout_s=10.0)  # 6 s: rollout 3 (4 s late) missed epoch 2 once under CI load
+    """Both ranks stream v1 into their engines, but call apply_instance with different versions (2: v1,
+    3: v2; their calls meet in one round): the instance applies nothing and both are torn (their engines
+    hold v1, their instance does not), with a ProtocolError naming the wants. The trainer's push of v1
+    fails at its deadline; v2 reaches both and heals them.
+
+    Before the wants were part of the offers, each rank decided with its own want: rollout 2 applied
+    v1 while rollout 3 raised TooLate, an instance split (and rollout 3, its call spent, never received
+    v2)."""
+    text = W.spec(mode="sync", round_bytes="16KiB", dedup="off", timeout_s=10.0)
     res = run([
         ("trainer", text, 0, {"versions": [1, 2], "linger_key": "test/done/3", "go_on": True}),
-        ("rollout", text, 2, {"wants": [(1, 0.5), (2, 30.0)], "wait_for": [3], "staging": False, "stream": True}),
-        ("rollout", text, 3, {"wants": [(2, 30.0)], "delay_s": 4.0, "wait_for": [2], "staging": False,
-                              "stream": True}),
+        ("rollout", text, 2, {"wants": [(1, 30.0), (2, 30.0)], "after_push": True, "wait_for": [3],
+                              "staging": False, "stream": True}),
+        ("rollout", text, 3, {"wants": [(2, 30.0), (2, 30.0)], "after_push": True, "wait_for": [2],
+                              "staging": False, "stream": True}),
     ], timeout_s=90)
     trainer, r2, r3 = res[0].value, res[1].value, res[2].value
     assert [(e[0], e[1]) for e in trainer if e[0] in ("error", "pushed")] == [("error", 1), ("pushed", 2)], trainer
-    (err,) = kinds(r2, "error")
-    assert err[1] == 1 and err[2] == "DeadlineExceeded", err
-    ntensors = len(W.load_spec(text).rollout.ranks[2].tensors)
-    first, second = kinds(r2, "state")
-    assert first[1:5] == (1, True, None, ntensors)  # wrote all of v1, torn
-    assert second[1:4] == (2, False, 2)  # healed by v2
-    assert [(e[1], e[2], e[4]) for e in kinds(r2, "applied")] == [(2, 2, [])]
-    assert [(e[1], e[2], e[4]) for e in kinds(r3, "applied")] == [(2, 2, [])]
+    for rank, events, want in ((2, r2, 1), (3, r3, 2)):
+        (err,) = kinds(events, "error")
+        assert err[1:3] == (want, "ProtocolError"), err
+        assert "called apply_instance with different versions in one round (rollout 2: 1, rollout 3: 2)" in err[3]
+        ntensors = len(W.load_spec(text).rollout.ranks[rank].tensors)
+        first, second = kinds(events, "state")
+        assert first[1:5] == (want, True, None, ntensors)  # wrote all of v1, torn
+        assert second[1:4] == (2, False, 2)  # healed by v2
+        assert [(e[1], e[2], e[4]) for e in kinds(events, "applied")] == [(2, 2, [])]

@@ -325,20 +325,33 @@ class TooLate:
     lagging: tuple[int, ...]
 
 
-InstanceDecision = Union[ApplyStaged, AlreadyLive, NothingCommon, Retry, RankFailed, TooLate]
+@dataclass(frozen=True)
+class WantsDiffer:
+    """The ranks asked for different versions in one round (``wants``: ``(rank, want)`` by rank): they
+    are not in the same ``apply_instance`` call (a caller bug, or a rank that missed a call). All
+    raise; nothing is applied."""
+
+    wants: tuple[tuple[int, int | None], ...]
 
 
-def decide_instance_apply(offers: Sequence[Offer], want: int | None) -> InstanceDecision:
+InstanceDecision = Union[ApplyStaged, AlreadyLive, NothingCommon, Retry, RankFailed, TooLate, WantsDiffer]
+
+
+def decide_instance_apply(offers: Sequence[Offer]) -> InstanceDecision:
     """One round: the ranks' :class:`~weightbridge.sync.messages.Offer` s -> what every rank does.
 
-    Every rank evaluates this on the same offers, so all take the same branch. ``want`` None:
-    apply a version every rank has staged, if any (one round, never waits); ``want`` v: apply
-    the version staged by all once it is ``>= v``, retrying until a rank is late.
+    A pure function of the offers (the wanted version included), so every rank, evaluating the
+    same offers, takes the same branch. Wanted version None: apply a version every rank has
+    staged, if any (one round, never waits); v: apply the version staged by all once it is
+    ``>= v``, retrying until a rank is late. A failed receive wins, then differing wants.
     """
     ordered = sorted(offers, key=lambda o: o.rank)
     for o in ordered:
         if o.error is not None:
             return RankFailed(o.rank, o.error)
+    if len({o.want for o in ordered}) > 1:
+        return WantsDiffer(tuple((o.rank, o.want) for o in ordered))
+    want = ordered[0].want if ordered else None
     staged = {o.staged for o in ordered}
     if len(staged) == 1 and None not in staged:
         (v,) = staged

@@ -7,7 +7,7 @@ e.g. from one collective RPC) runs rounds of :class:`InstanceAgreement`:
 1. each rank makes progress (``poll()``; a failed receive becomes its offer's ``error``), keeps its
    staged version from being superseded for the round (the receive gate; skipped while a receive
    is in flight: it then offers nothing), and publishes an :class:`~weightbridge.sync.messages.Offer`
-   (staged version, live version, late, error) under the instance's session and the round number;
+   (staged version, live version, late, error, wanted version) under the instance's session and the round number;
 2. it waits for the offers of every rank of the instance for that round (heartbeats watched, so a
    dead rank raises ``PeerFailed``), evaluates :func:`~weightbridge.runtime.coordinator.decide_instance_apply`
    on them (the same offers on every rank, so every rank takes the same branch), releases the gate
@@ -108,11 +108,11 @@ class InstanceAgreement:
         deadline = time.monotonic() + timeout_s
         session = self._session(deadline) if self.peers else ""
         while True:
-            offer, held, error = self._offer(session, deadline)
+            offer, held, error = self._offer(session, deadline, want)
             try:
                 offers = [offer] + (self._peer_offers(session, offer, deadline + timeout_s, 2 * timeout_s)
                                   if self.peers else [])
-                decision = co.decide_instance_apply(offers, want)
+                decision = co.decide_instance_apply(offers)
                 if isinstance(decision, co.ApplyStaged):
                     return self._apply(decision.version)
             finally:
@@ -122,6 +122,12 @@ class InstanceAgreement:
                 if decision.rank == self.me.rank and error is not None:
                     raise error
                 raise PeerFailed(self.me, RankId(ROLLOUT, decision.rank), decision.error)
+            if isinstance(decision, co.WantsDiffer):
+                wants = ", ".join(f"{RankId(ROLLOUT, r)}: {'any' if w is None else w}" for r, w in decision.wants)
+                raise ProtocolError(
+                    self.me, f"the ranks of rollout instance {self.instance} called apply_instance with different "
+                    f"versions in one round ({wants}); nothing was applied (every rank of an instance makes the "
+                    "same apply_instance calls with the same arguments)")
             if isinstance(decision, co.AlreadyLive):
                 return decision.version
             if isinstance(decision, co.NothingCommon):
@@ -135,7 +141,7 @@ class InstanceAgreement:
             time.sleep(ROUND_PAUSE_S)
 
     # -- one round ----------------------------------------------------------------------------
-    def _offer(self, session: str, deadline: float) -> tuple[Offer, bool, BaseException | None]:
+    def _offer(self, session: str, deadline: float, want: int | None) -> tuple[Offer, bool, BaseException | None]:
         bridge = self.bridge
         error: BaseException | None = None
         try:
@@ -154,7 +160,7 @@ class InstanceAgreement:
         self._next_round[session] = n + 1
         offer = Offer(
             rank=self.me.rank, round=n, staged=staged, live=bridge.version, late=time.monotonic() > deadline,
-            error=None if error is None else f"{type(error).__name__}: {error}",
+            error=None if error is None else f"{type(error).__name__}: {error}", want=want,
         )
         if self.peers:
             try:

@@ -181,7 +181,9 @@ class Offer(_Message):
 
     ``staged``: the complete version it holds for ``apply()`` (kept until the round's decision),
     None when it holds none; ``live``: the version its live weights hold; ``late``: its deadline
-    passed; ``error``: ``"Type: message"`` of a failed receive, else None.
+    passed; ``error``: ``"Type: message"`` of a failed receive, else None; ``want``: the version its
+    ``apply_instance`` call asked for (None: whatever every rank has). The decision reads the
+    wanted version from the offers, never from the deciding rank, so every rank decides alike.
     """
 
     kind: Literal["offer"] = "offer"
@@ -191,6 +193,7 @@ class Offer(_Message):
     live: int | None
     late: bool = False
     error: str | None = None
+    want: int | None = None
 
 
 class Failure(_Message):
