@@ -175,14 +175,15 @@ class WeightbridgeEngine(WeightTransferEngine[WeightbridgeInitInfo, Weightbridge
         """The bridge's sink: one complete local tensor into vLLM's reload (inside an update session)."""
         if self.session is None:
             raise RuntimeError(f"{self.me}: a weight arrived outside start_weight_update / finish_weight_update")
-        self.session.write({name: tensor})
-        if self.record:
+        if self.record:  # before the write: vLLM's parameter may adopt the tensor and post-process it
             self.written[name] = tensor.detach().to("cpu", copy=True)
+        self.session.write({name: tensor})
 
     # -- one update ---------------------------------------------------------------------------
     def start_weight_update(self) -> None:
         self._require_init()
-        self.session = ReloadSession(self.model, self.model_config, self.fp8, self.names)
+        self.session = ReloadSession(self.model, self.model_config, self.fp8, self.names,
+                                     adopt=not self.bridge.staging)  # streamed tensors are handed over
         self.session.begin()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:

@@ -58,10 +58,13 @@ class ReloadSession:
     """
 
     def __init__(self, model: torch.nn.Module, model_config: Any, fp8: frozenset[str] = frozenset(),
-                 names: Iterable[str] = ()) -> None:
+                 names: Iterable[str] = (), *, adopt: bool = False) -> None:
         """``fp8``: the local FP8 weight names this rank receives (quantised at the sender); ``names``:
-        every local tensor this rank writes (a module's tensors then go in together, see :meth:`write`)."""
+        every local tensor this rank writes (a module's tensors then go in together, see :meth:`write`);
+        ``adopt``: the tensors written are handed over (a streaming receive drops them), so vLLM's
+        parameter may take them instead of copying (never a staging copy: it is kept and reused)."""
         self.model = model
+        self.loader = self._adopting_loader if adopt else _direct_copy_loader
         self.model_config = model_config
         self.fp8 = fp8
         by_module: dict[str, set[str]] = {}
@@ -156,7 +159,7 @@ class ReloadSession:
             if id(param) not in self._swapped:
                 self._swapped.add(id(param))
                 self._loaders.append((param, _get_original_loader(param)))
-            param.weight_loader = _direct_copy_loader
+            param.weight_loader = self.loader
             param.weight_loader = make_online_process_loader(mod, pname)
             param.weight_loader(param, tensor)
             n += tensor.numel()
@@ -190,6 +193,19 @@ class ReloadSession:
             self._loaders, self._swapped, self._modules, self._held = [], set(), None, {}
             self._put_back_kernels()
             self._active = False
+
+    def _adopting_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        """As :func:`_direct_copy_loader`, but a parameter vLLM materialised for the module's processing
+        takes the streamed tensor itself (the stream dropped it on handing it over), so the module's
+        reload holds one copy of it instead of two while it post-processes (issue 28). The parameters
+        :meth:`_load` saw (vLLM's meta records, counted by its copy-counting pass, and live kernel
+        tensors such as a ``bias``, whose storage the engine keeps) are always copied into."""
+        if (id(param) not in self._swapped and not param.is_meta and loaded_weight.device == param.device
+                and loaded_weight.dtype == param.dtype and loaded_weight.is_contiguous()
+                and tuple(param.shape) == tuple(loaded_weight.shape)):
+            param.data = loaded_weight
+            return
+        _direct_copy_loader(param, loaded_weight)
 
     def _put_back_kernels(self) -> None:
         for qm, kernel in self._moe_kernels:
