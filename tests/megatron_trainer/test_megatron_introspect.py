@@ -125,22 +125,7 @@ def test_a_draft_fitted_to_the_live_ranks_reproduces_them_and_is_pinned(case: st
         assert diff_layouts(live, fitted.trainer.ranks[r]) == [], f"rank {r}"
     assert set(fitted.spec.trainer.pins) == set(observed)
     assert [w.split(":")[0] for w in unchecked_sides(fitted.spec)] == ["rollout"]
-    # the same from the command line: `weightbridge fit`, then `weightbridge diff` of each live rank
-    import json
-    import subprocess
-    import sys
+    # the same from the command line: `weightbridge fit`, then `weightbridge diff` of each live rank (exit 0)
+    from weightbridge.testing._internal.fit_cli import fit_and_diff_cli
 
-    (tmp_path / "draft.yaml").write_text(draft.text)
-    probes = []
-    for r, out in enumerate(outs):
-        (tmp_path / f"live{r}.json").write_text(json.dumps(out["layout"]))
-        probes += ["--probe", f"{r}={tmp_path / f'live{r}.json'}"]
-    cli = [sys.executable, "-m", "weightbridge"]
-    done = subprocess.run(cli + ["fit", str(tmp_path / "draft.yaml"), "--side", "trainer", *probes, "-o",
-                                 str(tmp_path / "fitted.yaml")], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "fitted.yaml").read_text() == fit.text
-    for r in observed:
-        same = subprocess.run(cli + ["diff", str(tmp_path / f"live{r}.json"), f"{tmp_path / 'fitted.yaml'}:trainer:{r}"],
-                              capture_output=True, text=True, timeout=120)
-        assert same.returncode == 0, same.stdout + same.stderr
+    assert fit_and_diff_cli(tmp_path, draft.text, [out["layout"] for out in outs]) == fit.text

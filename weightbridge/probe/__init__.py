@@ -1,5 +1,6 @@
 """Layout extraction: probe a loader (:func:`probe_loader`), read DTensor placements
-(:func:`weightbridge.probe.dtensor.layout_from_dtensors`), and compare IR sources
+(:func:`weightbridge.probe.dtensor.layout_from_dtensors`; parameters transformers fuses from
+per-expert checkpoint tensors: :mod:`weightbridge.probe.fused`), and compare IR sources
 (:mod:`weightbridge.probe.diff`). Only ``probe`` needs torch at import."""
 
 from weightbridge.probe.probe import (

@@ -8,6 +8,9 @@ tensor is the outer product of those index vectors; runs of consecutive indices 
 the boxes. This handles ``Shard``, ``Replicate`` and ``_StridedShard`` (whose local rows
 need not be one contiguous range: several pieces are emitted then) alike, uneven
 chunks included. ``Partial`` placements are refused (a partial sum is no weight).
+A parameter transformers fused from per-expert checkpoint tensors (``fused=``, read from
+transformers' conversion mapping by :mod:`weightbridge.probe.fused`) is cut into one piece per
+held expert and part, under the checkpoint's names.
 """
 
 from __future__ import annotations
@@ -18,18 +21,8 @@ from itertools import product
 import torch
 
 from weightbridge.layout.ir import LocalTensor, Piece, RankLayout
+from weightbridge.probe.fused import FusedParam, fused_pieces, index_runs
 from weightbridge.tensors import dtype_name
-
-
-def _runs(idx: list[int]) -> list[tuple[int, int, int]]:
-    """(local start, local stop, global start) of runs of consecutive increasing indices."""
-    out: list[tuple[int, int, int]] = []
-    for j, g in enumerate(idx):
-        if out and out[-1][1] == j and out[-1][2] + (j - out[-1][0]) == g:
-            out[-1] = (out[-1][0], j + 1, out[-1][2])
-        else:
-            out.append((j, j + 1, g))
-    return out
 
 
 def dim_indices(mesh, placements, shape: tuple[int, ...], dim: int) -> list[int]:
@@ -60,12 +53,16 @@ def layout_from_dtensors(
     name_map: Callable[[str], str | None] | None = None,
     instance: int = 0,
     local_rank: int | None = None,
+    fused: Mapping[str, FusedParam] | None = None,
 ) -> RankLayout:
     """The rank's layout IR from its (DTensor or plain) parameters.
 
     Local names are the given names; ``name_map(local) -> canonical name`` (default: the
     same name; ``None`` skips the parameter). A plain tensor is taken as the full canonical
     tensor. ``rank`` defaults to the default process group's rank (0 without one).
+    ``fused``: local name -> how transformers built it from per-expert checkpoint tensors
+    (:func:`weightbridge.probe.fused.fused_params`, from transformers' conversion mapping); such a
+    parameter gets one piece per held expert and part, named by the checkpoint, not by ``name_map``.
     """
     from torch.distributed.tensor import DTensor
 
@@ -93,12 +90,17 @@ def layout_from_dtensors(
         else:
             local = p
             lshape = tuple(p.shape)
+            gshape = lshape
             per_dim = [list(range(n)) for n in lshape]
         pieces = []
-        if not lshape:
+        if fused is not None and name in fused:
+            if fused[name].shape != gshape:
+                raise ValueError(f"{name}: shape {list(gshape)}, described as fused {list(fused[name].shape)}")
+            pieces = fused_pieces(fused[name], per_dim) if all(lshape) else []
+        elif not lshape:
             pieces.append(Piece(canon, (), (), False))
         elif all(lshape):
-            for combo in product(*[_runs(ix) for ix in per_dim]):
+            for combo in product(*[index_runs(ix) for ix in per_dim]):
                 lbox = tuple((a, b) for a, b, _ in combo)
                 cbox = tuple((g, g + b - a) for a, b, g in combo)
                 pieces.append(Piece(canon, cbox, lbox, False))
