@@ -70,8 +70,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "latin1.yaml").write_bytes("version: 1\nmodel: {bundled: tiny-qwen2}\n# caf\xe9\n".encode("latin-1"))
     (d / "deep.json").write_text("[" * 10_000 + "]" * 10_000)
     (d / "binary.json").write_bytes(b"\xff\xfe\x00\x01")
+    from weightbridge.spec.resolve import check_text
+
+    (d / "rollout0.json").write_text(json.dumps(check_text(TINY_TEXT)[0].rollout.ranks[0].to_json()))  # a good probe
     out = {k: str(d / k) for k in [*specs, "binary.yaml", "latin1.yaml", "deep.json", "binary.json", "adir",
-                                     "plain.txt", "qwen_only.json"]}
+                                     "plain.txt", "qwen_only.json", "rollout0.json"]}
     out["dir"] = str(d)
     return out
 
@@ -166,6 +169,8 @@ CASES: list[tuple[str, list[str], str, bool]] = [
     ("fit-probe-deep", ["fit", T, "--side", "rollout", "--probe", "0={deep.json}"], "not a probe JSON", False),
     ("fit-probe-dir", ["fit", T, "--side", "rollout", "--probe", "0={adir}"], "not a probe JSON", False),
     ("fit-binary-spec", ["fit", "{binary.yaml}", "--side", "rollout", "--probe", "0={deep.json}"], "cannot read", False),
+    ("fit-invalid-spec", ["fit", "{huge_mesh.yaml}", "--side", "rollout", "--probe", "0={rollout0.json}"],
+     "problem(s) found", True),
     ("fit-out-dir", ["fit", T, "--side", "rollout", "--probe", "0={deep.json}", "-o", "{adir}"], "is a directory", False),
     ("probe-out-dir", ["probe", T, "--loader", "m:f", "-o", "{adir}"], "is a directory", False),
     ("probe-out-no-dir", ["probe", T, "--loader", "m:f", "-o", "{dir}/missing/x.json"], "does not exist", False),

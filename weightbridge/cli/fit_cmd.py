@@ -17,7 +17,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from weightbridge.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, check_output_path, excerpt, show
+from weightbridge.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    check_output_path,
+    excerpt,
+    load_or_report,
+    show,
+)
 
 MAX_SPEC_CHARS = 1 << 20
 MAX_PROBE_BYTES = 64 << 20  # a probe JSON lists one rank's pieces
@@ -62,12 +71,7 @@ def run(args: argparse.Namespace) -> int:
             observed[rank] = read_probe_json(path)
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # deep JSON: recursion
             raise UsageError(f"--probe {rank}={excerpt(str(path))}: not a probe JSON ({excerpt(str(exc))})") from None
-    from weightbridge.spec.resolve import check_text
-
-    _, problems = check_text(text, args.spec, base_dir=Path(args.spec).resolve().parent)
-    if problems:
-        for p in problems:
-            print(p, file=sys.stderr)
+    if load_or_report(args.spec) is None:  # every problem printed, as validate prints them
         return EXIT_USAGE
     try:
         fit = fit_side(text, args.side, observed, base_dir=Path(args.spec).resolve().parent)

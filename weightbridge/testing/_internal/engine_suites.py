@@ -29,6 +29,17 @@ class SuiteRun:
     def outcomes(self) -> dict[str, str]:
         return {req: entry["outcome"] for req, entry in self.report.items()}
 
+    def check(self, expected: dict[str, str]) -> None:
+        """Raise ``AssertionError`` unless the run exited 0 with exactly ``expected`` (requirement id ->
+        outcome), naming what differs, with the run's output tail."""
+        got = self.outcomes()
+        if self.returncode == 0 and got == expected:
+            return
+        differ = {r: (got.get(r), expected.get(r)) for r in sorted(set(got) | set(expected))
+                  if got.get(r) != expected.get(r)}
+        raise AssertionError(f"suite exit {self.returncode}; outcomes (got, expected) that differ: {differ}\n"
+                             f"{self.output[-6000:]}")
+
 
 def run_shipped_suite(name: str, workdir: Path, *, timeout_s: float, env: dict[str, str] | None = None) -> SuiteRun:
     """Copy the shipped engine suites into ``workdir`` (empty) and run suite ``name`` there."""
